@@ -1,0 +1,303 @@
+"""Which runtime runs our kernels: a real NVIDIA GPU, or Numba's CUDA simulator.
+
+Importing ``common`` (which imports this module first) decides once per process:
+
+* ``NUMBA_ENABLE_CUDASIM`` set by the user: respected as it is.
+* unset, and the CUDA driver reports at least one device: the GPU.
+* unset, and no usable GPU: the simulator is switched on *before* numba is
+  imported (numba reads the variable once, at import), and one line says so.
+
+The GPU probe talks to the driver library through ``ctypes`` (``cuInit`` and
+``cuDeviceGetCount``, CUDA Driver API reference, section 6.3 and 6.5), so it
+never imports numba and costs a few milliseconds.
+
+Under the simulator we also add the launch checks a real GPU does and the
+simulator does not: at most 1024 threads per block (64 in z) and at most
+48 KiB of static shared memory per block (CUDA C++ Programming Guide, table
+"Technical Specifications per Compute Capability"). Without them a kernel
+that passes every test here fails to launch on the learner's GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import inspect
+import os
+import sys
+import threading
+from typing import Any, Iterator, TypeVar
+
+T = TypeVar("T")
+
+MAX_THREADS_PER_BLOCK = 1024
+MAX_BLOCK_DIM = (1024, 1024, 64)
+MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
+MAX_STATIC_SHARED_BYTES = 48 * 1024
+
+# A thread switch every microsecond instead of Python's default 5 ms: simulated
+# CUDA threads then interleave in the middle of read-modify-write sequences, so
+# a race (a missing cuda.syncthreads, a `+=` that needed cuda.atomic.add) shows.
+INTERLEAVED_SWITCH_INTERVAL_S = 1e-6
+
+
+def _driver_gpu_count() -> int:
+    """Number of CUDA devices the driver reports; 0 if no driver or it fails."""
+    names = {
+        "win32": ("nvcuda.dll",),
+        "darwin": (),
+    }.get(sys.platform, ("libcuda.so.1", "libcuda.so"))
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        try:
+            if lib.cuInit(0) != 0:
+                return 0
+            count = ctypes.c_int(0)
+            if lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+                return 0
+            return count.value
+        except AttributeError:
+            return 0
+    return 0
+
+
+def _select() -> tuple[str, str]:
+    """Set NUMBA_ENABLE_CUDASIM if needed; return (runtime, reason)."""
+    env = os.environ.get("NUMBA_ENABLE_CUDASIM")
+    if env is not None and env.strip() not in ("", "0"):
+        return "simulator", "NUMBA_ENABLE_CUDASIM is set"
+    if env is not None and env.strip() == "0":
+        return "gpu", "NUMBA_ENABLE_CUDASIM=0 is set"
+    if _driver_gpu_count() > 0:
+        return "gpu", "the CUDA driver reports a GPU"
+    if "numba" in sys.modules:
+        # numba has read its configuration already; switching now would leave it
+        # half on the GPU target. Say what to do instead of failing later.
+        print(
+            "common: no NVIDIA GPU found, and numba was imported before common, "
+            "so the simulator cannot be switched on. Import common first, or set "
+            "NUMBA_ENABLE_CUDASIM=1.",
+            file=sys.stderr,
+        )
+        return "gpu", "numba imported before common; no GPU found"
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    print(
+        "common: no usable NVIDIA GPU found; kernels run in the Numba CUDA "
+        "simulator (slow: problem sizes are reduced, timings are meaningless).",
+        file=sys.stderr,
+    )
+    return "simulator", "no usable NVIDIA GPU found"
+
+
+RUNTIME, REASON = _select()
+
+
+def is_simulator() -> bool:
+    """True when kernels run in Numba's CUDA simulator rather than on a GPU."""
+    return RUNTIME == "simulator"
+
+
+def runtime_name() -> str:
+    """``"gpu"`` or ``"simulator"``."""
+    return RUNTIME
+
+
+def pick(gpu: T, simulator: T) -> T:
+    """Return ``gpu`` on a real GPU and ``simulator`` in the simulator.
+
+    Used to size problems: ``n = pick(gpu=1 << 26, simulator=1000)``. The
+    simulator runs one Python thread per CUDA thread, so a problem that takes a
+    millisecond on a GPU can take hours there.
+    """
+    return simulator if is_simulator() else gpu
+
+
+# --------------------------------------------------------------------------
+# jit: one kernel definition for both runtimes
+# --------------------------------------------------------------------------
+
+from numba import cuda  # noqa: E402  (must follow the runtime choice above)
+
+_SIM_JIT_OPTIONS: frozenset[str] | None = None
+
+
+def _accepted_options() -> frozenset[str]:
+    global _SIM_JIT_OPTIONS
+    if _SIM_JIT_OPTIONS is None:
+        _SIM_JIT_OPTIONS = frozenset(inspect.signature(cuda.jit).parameters)
+    return _SIM_JIT_OPTIONS
+
+
+def jit(func_or_sig: Any = None, **options: Any) -> Any:
+    """``numba.cuda.jit`` that also works in the simulator.
+
+    On a GPU it is ``cuda.jit`` unchanged. In the simulator it drops the options
+    the simulator's ``jit`` rejects with a TypeError (``lineinfo``,
+    ``max_registers``, ``launch_bounds``, ``forceinline``, ``lto``, ...), which
+    only steer code generation and cannot change results.
+
+    Use exactly as ``cuda.jit``: ``@jit``, ``@jit(lineinfo=True)``,
+    ``@jit("void(float32[:])", fastmath=True)``.
+    """
+    if is_simulator():
+        accepted = _accepted_options()
+        options = {k: v for k, v in options.items() if k in accepted}
+    if func_or_sig is None:
+        return cuda.jit(**options)
+    return cuda.jit(func_or_sig, **options)
+
+
+# --------------------------------------------------------------------------
+# Simulator: the launch checks a GPU makes, and thread interleaving
+# --------------------------------------------------------------------------
+
+_interleave_depth = 0
+_interleave_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def interleaved_threads() -> Iterator[None]:
+    """While active, simulated CUDA threads switch every microsecond.
+
+    Python's default switch interval (5 ms) lets each simulated thread run
+    long stretches alone, which hides races. Tests wrap their launches in this
+    (``tests/conftest.py`` does it for every test). No effect on a GPU.
+    """
+    global _interleave_depth
+    with _interleave_lock:
+        _interleave_depth += 1
+    try:
+        yield
+    finally:
+        with _interleave_lock:
+            _interleave_depth -= 1
+
+
+class LaunchConfigError(ValueError):
+    """A launch a real GPU would refuse (too many threads, too much shared memory)."""
+
+
+def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> None:
+    """Raise LaunchConfigError for a launch configuration a GPU rejects.
+
+    griddim, blockdim: int or tuple of up to 3 ints, as in ``kernel[grid, block]``.
+    """
+
+    def dims(d: Any, what: str) -> tuple[int, int, int]:
+        t = (d,) if isinstance(d, int) else tuple(d)
+        if not 1 <= len(t) <= 3 or not all(isinstance(v, int) for v in t):
+            raise LaunchConfigError(f"{what} must be an int or 1-3 ints, got {d!r}")
+        t = t + (1,) * (3 - len(t))
+        if min(t) < 1:
+            raise LaunchConfigError(
+                f"{what} {d!r} has a dimension < 1: a grid needs at least one "
+                "block and a block at least one thread (use ceil_div for grid sizes)"
+            )
+        return t  # type: ignore[return-value]
+
+    g = dims(griddim, "grid dimension")
+    b = dims(blockdim, "block dimension")
+    for axis, (v, limit) in enumerate(zip(b, MAX_BLOCK_DIM)):
+        if v > limit:
+            raise LaunchConfigError(
+                f"block dimension {'xyz'[axis]} = {v} exceeds the GPU limit {limit}"
+            )
+    if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
+        raise LaunchConfigError(
+            f"{b[0] * b[1] * b[2]} threads per block ({blockdim!r}) exceeds the GPU "
+            f"limit of {MAX_THREADS_PER_BLOCK}; a real GPU refuses this launch "
+            "(CUDA_ERROR_INVALID_VALUE). Use smaller blocks and more of them."
+        )
+    for axis, (v, limit) in enumerate(zip(g, MAX_GRID_DIM)):
+        if v > limit:
+            raise LaunchConfigError(
+                f"grid dimension {'xyz'[axis]} = {v} exceeds the GPU limit {limit}"
+            )
+    if dynamic_shared_bytes > MAX_STATIC_SHARED_BYTES:
+        raise LaunchConfigError(
+            f"{dynamic_shared_bytes} bytes of dynamic shared memory exceed "
+            f"{MAX_STATIC_SHARED_BYTES} bytes per block"
+        )
+
+
+def _install_simulator_checks() -> None:
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi as sim_api
+    import numpy as np
+
+    kernel_cls = sim_kernel.FakeCUDAKernel
+    if getattr(kernel_cls, "_course_checks", False):
+        return
+    original_getitem = kernel_cls.__getitem__
+    original_call = kernel_cls.__call__
+
+    def getitem(self: Any, configuration: Any) -> Any:
+        if not isinstance(configuration, tuple) or len(configuration) < 2:
+            raise LaunchConfigError(
+                "launch a kernel as kernel[blocks_per_grid, threads_per_block](...)"
+            )
+        dyn = configuration[3] if len(configuration) == 4 else 0
+        check_launch(configuration[0], configuration[1], dyn)
+        return original_getitem(self, configuration)
+
+    def call(self: Any, *args: Any) -> Any:
+        if self._device or sim_kernel._kernel_context or _interleave_depth == 0:
+            return original_call(self, *args)
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(INTERLEAVED_SWITCH_INTERVAL_S)
+        try:
+            return original_call(self, *args)
+        finally:
+            sys.setswitchinterval(old)
+
+    kernel_cls.__getitem__ = getitem
+    kernel_cls.__call__ = call
+
+    def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
+        # per source line, shared by the block), plus the 48 KiB limit. The
+        # caller's frame is taken explicitly because the simulator keys on it.
+        if alignment is not None:
+            raise RuntimeError("Array alignment is not supported in cudasim")
+        from numba.core import types
+        from numba.np import numpy_support
+
+        if isinstance(dtype, types.Type):
+            dtype = numpy_support.as_dtype(dtype)
+        dtype = np.dtype(dtype)
+        if shape == 0:
+            count = self._dynshared_size // dtype.itemsize
+            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        frame = sys._getframe(1)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        res = self._allocations.get(caller)
+        if res is None:
+            res = np.empty(shape, dtype)
+            used = sum(a.nbytes for a in self._allocations.values())
+            total = used + res.nbytes + self._dynshared_size
+            if total > MAX_STATIC_SHARED_BYTES:
+                raise LaunchConfigError(
+                    f"this block asks for {total} bytes of shared memory "
+                    f"({caller[0]}:{caller[1]} adds {res.nbytes}); a GPU allows "
+                    f"{MAX_STATIC_SHARED_BYTES} bytes of static shared memory per "
+                    "block, so this kernel would not compile for it. Use smaller tiles."
+                )
+            self._allocations[caller] = res
+        return res
+
+    sim_api.FakeCUDAShared.array = shared_array
+    kernel_cls._course_checks = True
+
+
+if is_simulator():
+    _install_simulator_checks()
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Smallest integer >= a / b for positive ints: blocks needed to cover a items."""
+    if b <= 0:
+        raise ValueError(f"ceil_div divisor must be positive, got {b}")
+    return -(-a // b)

@@ -1,0 +1,299 @@
+"""One timing harness for every chapter: CUDA events, warm-up, median of many runs.
+
+Why events and not ``time.perf_counter``: a kernel launch returns to Python
+before the GPU has done the work, so a host clock around a launch measures the
+launch, not the kernel. An event is a timestamp the GPU writes into its own
+stream when it gets there (CUDA C++ Programming Guide, "Events"); the time
+between two events is the time the GPU spent on what lies between them.
+
+The first call of a kernel compiles it (Numba's JIT, then the driver's PTX
+compiler), which takes 0.1-2 s. It is timed apart and reported as
+``first_call_ms``; warm-up calls follow, then ``repeats`` timed calls, of which
+we report the median (robust to the odd slow run) and the 10th-90th percentile
+spread.
+
+Rates are derived from what the caller says the operation must do: ``nbytes``
+(the fewest bytes it must move through device memory: each input read once,
+each output written once) and ``flops``. They are compared with the device's
+measured peaks (:func:`device_peaks`): a large device-to-device copy for
+bandwidth, cuBLAS FP32 SGEMM (through torch, TF32 off) for arithmetic.
+
+Under the simulator nothing is timed: the simulator runs one Python thread per
+CUDA thread, so its "timings" say nothing about a GPU. The harness still runs
+the function once, so the code path is exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .runtime import is_simulator
+
+SIMULATOR_NOTE = "simulator: timings are meaningless, not measured"
+
+
+@dataclass
+class Timing:
+    """What one benchmark measured. Times in ms, rates in GB/s and TFLOP/s."""
+
+    name: str
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    first_call_ms: float | None = None
+    repeats: int = 0
+    nbytes: int | None = None
+    flops: int | None = None
+    peak_gbps: float | None = None
+    peak_tflops: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.median_ms is not None
+
+    @property
+    def gbps(self) -> float | None:
+        """Achieved bandwidth in GB/s (1e9 bytes/s) from ``nbytes``."""
+        if not self.measured or not self.nbytes:
+            return None
+        return self.nbytes / (self.median_ms * 1e-3) / 1e9
+
+    @property
+    def tflops(self) -> float | None:
+        """Achieved arithmetic rate in TFLOP/s from ``flops``."""
+        if not self.measured or not self.flops:
+            return None
+        return self.flops / (self.median_ms * 1e-3) / 1e12
+
+    @property
+    def fraction_of_copy_peak(self) -> float | None:
+        if self.gbps is None or not self.peak_gbps:
+            return None
+        return self.gbps / self.peak_gbps
+
+    @property
+    def fraction_of_sgemm_peak(self) -> float | None:
+        if self.tflops is None or not self.peak_tflops:
+            return None
+        return self.tflops / self.peak_tflops
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(
+            gbps=self.gbps,
+            tflops=self.tflops,
+            fraction_of_copy_peak=self.fraction_of_copy_peak,
+            fraction_of_sgemm_peak=self.fraction_of_sgemm_peak,
+        )
+        return d
+
+
+def _synchronize() -> None:
+    from numba import cuda
+
+    cuda.synchronize()
+
+
+def benchmark(
+    fn: Callable[[], Any],
+    name: str,
+    *,
+    nbytes: int | None = None,
+    flops: int | None = None,
+    warmup: int = 3,
+    repeats: int = 20,
+    peaks: dict[str, Any] | None = None,
+) -> Timing:
+    """Time ``fn()`` on the GPU with CUDA events.
+
+    Args:
+        fn: runs the operation once (launches kernels or torch ops; need not
+            synchronize). Called ``1 + warmup + repeats`` times.
+        name: label for tables.
+        nbytes: fewest bytes the operation must move through device memory.
+        flops: floating-point operations it performs (an FMA counts as 2).
+        warmup: untimed calls after the first (compiling) call.
+        repeats: timed calls; the median and 10th/90th percentiles are kept.
+        peaks: the dict from :func:`device_peaks`; measured once if omitted and
+            a rate is asked for.
+
+    Returns:
+        A :class:`Timing`. In the simulator, ``fn`` runs once and the Timing
+        holds no times (``measured`` is False).
+
+    Raises:
+        ValueError: ``repeats`` < 1 or ``warmup`` < 0.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    result = Timing(name=name, nbytes=nbytes, flops=flops)
+    if is_simulator():
+        fn()
+        return result
+
+    from numba import cuda
+
+    _synchronize()
+    t0 = time.perf_counter()
+    fn()
+    _synchronize()
+    result.first_call_ms = (time.perf_counter() - t0) * 1e3
+    for _ in range(warmup):
+        fn()
+    start, end = cuda.event(), cuda.event()
+    times = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    result.median_ms = statistics.median(times)
+    result.p10_ms = float(np.percentile(times, 10))
+    result.p90_ms = float(np.percentile(times, 90))
+    result.repeats = repeats
+    if nbytes or flops:
+        peaks = peaks if peaks is not None else device_peaks()
+        result.peak_gbps = peaks.get("copy_gbps")
+        result.peak_tflops = peaks.get("sgemm_tflops")
+    return result
+
+
+# --------------------------------------------------------------------------
+# Device peaks, measured once per device and cached
+# --------------------------------------------------------------------------
+
+
+def _cache_path() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "cuda-python-course" / "peaks.json"
+
+
+def _device_key() -> str:
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    uuid = getattr(dev, "uuid", "")
+    return f"{name} {uuid}".strip()
+
+
+def measure_copy_gbps(nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
+    from numba import cuda
+
+    n = nbytes // 4
+    src = cuda.to_device(np.arange(n, dtype=np.float32))
+    dst = cuda.device_array_like(src)
+    t = benchmark(lambda: dst.copy_to_device(src), "copy", repeats=repeats, peaks={})
+    return 2 * n * 4 / (t.median_ms * 1e-3) / 1e9
+
+
+def measure_sgemm_tflops(n: int = 4096, repeats: int = 10) -> float | None:
+    """cuBLAS FP32 SGEMM rate (TF32 off) through torch; None if torch has no CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, device="cuda", generator=g)
+        b = torch.randn(n, n, device="cuda", generator=g)
+        c = torch.empty(n, n, device="cuda")
+        t = benchmark(lambda: torch.matmul(a, b, out=c), "sgemm", repeats=repeats, peaks={})
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    return 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+
+
+def device_peaks(refresh: bool = False) -> dict[str, Any]:
+    """The device's measured peaks: ``{"device", "copy_gbps", "sgemm_tflops"}``.
+
+    Measured the first time on each device (about a second) and cached in
+    ``~/.cache/cuda-python-course/peaks.json``; ``refresh=True`` measures again.
+    In the simulator returns ``{"device": "simulator"}`` with no rates.
+    """
+    if is_simulator():
+        return {"device": "simulator", "copy_gbps": None, "sgemm_tflops": None}
+    key = _device_key()
+    path = _cache_path()
+    cache: dict[str, Any] = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, ValueError):
+            cache = {}
+    if not refresh and key in cache:
+        return cache[key]
+    peaks = {
+        "device": key.split(" GPU-")[0],
+        "copy_gbps": measure_copy_gbps(),
+        "sgemm_tflops": measure_sgemm_tflops(),
+    }
+    cache[key] = peaks
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=2))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home only costs a re-measurement next time
+    return peaks
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def format_table(results: Sequence[Timing], title: str | None = None) -> str:
+    """A plain-text table of timings, one row per version, for printing."""
+    lines = []
+    if title:
+        lines.append(title)
+    if results and not any(r.measured for r in results):
+        lines.append(f"  ({SIMULATOR_NOTE})")
+        lines.extend(f"  {r.name}" for r in results)
+        return "\n".join(lines)
+    header = (
+        f"  {'version':<34} {'median ms':>10} {'p10-p90 ms':>17} "
+        f"{'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8} {'%SGEMM':>7} {'1st call ms':>11}"
+    )
+    lines.append(header)
+    for r in results:
+        spread = (
+            "-" if r.p10_ms is None else f"{r.p10_ms:.4g}-{r.p90_ms:.4g}"
+        )
+        pct_copy = r.fraction_of_copy_peak
+        pct_mm = r.fraction_of_sgemm_peak
+        lines.append(
+            f"  {r.name:<34} {_fmt(r.median_ms, '.4g'):>10} {spread:>17} "
+            f"{_fmt(r.gbps, '.1f'):>8} {_fmt(pct_copy and 100 * pct_copy, '.1f'):>6} "
+            f"{_fmt(r.tflops, '.2f'):>8} {_fmt(pct_mm and 100 * pct_mm, '.1f'):>7} "
+            f"{_fmt(r.first_call_ms, '.0f'):>11}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(results: Iterable[Timing], path: str | os.PathLike[str], **meta: Any) -> None:
+    """Write timings and metadata (e.g. ``device=...``) as JSON for plots and notes."""
+    payload = {"meta": meta, "results": [r.as_dict() for r in results]}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2))
