@@ -1,0 +1,141 @@
+"""Shared memory and cuda.syncthreads: shift-left-by-one, out[i] = x[i + 1].
+
+Versions:
+  version 1 (shift_left_global): every thread reads x[i + 1] from global memory.
+  version 2 (shift_left_smem_no_barrier): stage the block's slice in shared memory,
+      then read the neighbour's slot -- WITHOUT a barrier: a race, wrong results.
+  version 3 (shift_left_smem): the same with cuda.syncthreads() between the
+      writes and the reads: right.
+
+Run: python chapters/06_memory/shared_memory.py [--out DIR]
+"""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
+import sys
+
+import numpy as np
+from numba import cuda, float32
+
+from common.checking import check, poisoned, random_array
+from common.harness import run_versions
+from common.runtime import ceil_div, interleaved_threads, pick
+
+launch = common.import_sibling(__file__, "launch")
+
+BLOCK = 128  # threads per block; the shared tile holds one element per thread
+
+
+def shift_left_cpu(x: np.ndarray) -> np.ndarray:
+    """out[i] = x[i + 1] for i < len(x) - 1, in float64."""
+    return x[1:].astype(np.float64)
+
+
+# version 1: one global read per output; neighbours' reads overlap, the cache absorbs it
+@cuda.jit
+def shift_left_global(x, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = x[i + 1]
+
+
+# version 2: BROKEN on purpose -- thread t reads tile[t + 1] before thread t + 1 may
+# have written it; nothing orders the two threads
+@cuda.jit
+def shift_left_smem_no_barrier(x, out):
+    tile = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        tile[t] = x[i]
+    if i < out.size:
+        if t + 1 < BLOCK:
+            out[i] = tile[t + 1]
+        else:
+            out[i] = x[i + 1]  # the last thread's neighbour lives in the next block
+
+
+# version 3: the barrier makes every write to the tile visible before any read
+@cuda.jit
+def shift_left_smem(x, out):
+    tile = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        tile[t] = x[i]
+    cuda.syncthreads()  # every thread of the block waits here until all arrive
+    if i < out.size:
+        if t + 1 < BLOCK:
+            out[i] = tile[t + 1]
+        else:
+            out[i] = x[i + 1]
+
+
+def shift_left(kernel, x, out) -> None:
+    """Launch a shift-left kernel: ``x`` float32 (n,), ``out`` float32 (n - 1,).
+
+    Raises:
+        ValueError: ``out`` is not one shorter than ``x``.
+    """
+    if out.size != x.size - 1:
+        raise ValueError(f"out must have x.size - 1 = {x.size - 1} elements, got {out.size}")
+    kernel[ceil_div(x.size, BLOCK), BLOCK](x, out)
+
+
+def shared_memory_sizes() -> dict:
+    """Shared memory per block and per SM in bytes (GPU), from the device attributes."""
+    if common.is_simulator():
+        return {"per_block": 48 * 1024, "per_sm": None, "note": "simulator: course limit"}
+    dev = cuda.get_current_device()
+    return {
+        "per_block": int(dev.MAX_SHARED_MEMORY_PER_BLOCK),
+        "per_block_optin": int(getattr(dev, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0)),
+        "per_sm": int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+    }
+
+
+def race_demo(n: int, trials: int = 5) -> int:
+    """Run version 2 ``trials`` times on fresh data; return how many runs were wrong."""
+    rng = np.random.default_rng(0)
+    wrong = 0
+    for _ in range(trials):
+        x_host = random_array(n, np.float32, rng)
+        out = poisoned(n - 1)
+        with interleaved_threads():
+            shift_left(shift_left_smem_no_barrier, cuda.to_device(x_host), out)
+        try:
+            check(out, shift_left_cpu(x_host), tol=0.0)
+        except AssertionError:
+            wrong += 1
+    return wrong
+
+
+def run(n: int | None = None) -> list:
+    """Check and time versions 1 and 3; show version 2 going wrong. Returns Timings."""
+    n = n or pick(gpu=1 << 26, simulator=3 * BLOCK + 7)
+    sizes = shared_memory_sizes()
+    print(f"shared memory: {sizes}")
+    x_host = random_array(n, np.float32, np.random.default_rng(1))
+    x = cuda.to_device(x_host)
+    results = run_versions(
+        {
+            "shift-left global": lambda out: shift_left(shift_left_global, x, out),
+            "shift-left smem + syncthreads": lambda out: shift_left(shift_left_smem, x, out),
+        },
+        reference=shift_left_cpu(x_host), out_shape=n - 1, tol=0.0,
+        nbytes=2 * 4 * (n - 1), title=f"shift left by one, n = {n}",
+    )
+    wrong = race_demo(pick(gpu=1 << 20, simulator=2 * BLOCK + 3))
+    print(f"shift-left smem WITHOUT syncthreads: wrong in {wrong} of 5 runs "
+          "(a race: on a GPU it can pass by luck, which is why it is dangerous)")
+    return results
+
+
+def main(argv=None) -> int:
+    args = launch.script_args(__doc__, argv)
+    launch.save(run(), args.out, "shared_memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

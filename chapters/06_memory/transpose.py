@@ -1,0 +1,153 @@
+"""Coalescing and matrix transpose: out[j, i] = a[i, j], float32, row-major.
+
+Versions (all launch blocks of TILE x ROWS = 32 x 8 threads, one per TILE x TILE tile,
+each thread handling TILE / ROWS = 4 rows, so 4 loads are in flight per thread):
+  version 0 (copy_2d): a plain copy with the same launch -- the speed of light
+      for any kernel that reads and writes every element once.
+  version 1 (transpose_naive): reads coalesced, writes strided by a whole row:
+      each warp's 32 stores touch 32 different 32-byte sectors.
+  version 2 (transpose_smem): stage a tile in shared memory, so both the global
+      read and the global write are coalesced; the column read of the tile hits one
+      bank 32 times (a 32-way bank conflict).
+  version 3 (transpose_smem_padded): a TILE x (TILE + 1) tile: the extra column
+      shifts each row by one bank, so a column read touches 32 different banks.
+
+Source: M. Harris, "An Efficient Matrix Transpose in CUDA C/C++", NVIDIA
+developer blog (2013).
+
+Run: python chapters/06_memory/transpose.py [--out DIR]
+"""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
+import sys
+
+import numpy as np
+from numba import cuda, float32
+
+from common.checking import random_array
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
+
+launch = common.import_sibling(__file__, "launch")
+
+TILE = 32  # tile edge: one warp spans a tile row, so a tile row is one 128-byte line
+ROWS = 8   # threads per block along y; each thread copies TILE // ROWS rows
+
+
+def transpose_cpu(a: np.ndarray) -> np.ndarray:
+    """The transpose in float64, shape (cols, rows)."""
+    return a.T.astype(np.float64)
+
+
+# version 0: copy, same launch and same bytes as a transpose: the bar to reach
+@cuda.jit
+def copy_2d(a, out):
+    x = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    y0 = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    for k in range(0, TILE, ROWS):
+        y = y0 + k
+        if y < a.shape[0] and x < a.shape[1]:
+            out[y, x] = a[y, x]
+
+
+# version 1: reads coalesced (x runs along a row of a), writes strided by a row of out
+@cuda.jit
+def transpose_naive(a, out):
+    x = cuda.blockIdx.x * TILE + cuda.threadIdx.x
+    y0 = cuda.blockIdx.y * TILE + cuda.threadIdx.y
+    for k in range(0, TILE, ROWS):
+        y = y0 + k
+        if y < a.shape[0] and x < a.shape[1]:
+            out[x, y] = a[y, x]
+
+
+# version 2: shared-memory tile: global reads and writes both coalesced; reading a
+# tile column is a 32-way bank conflict (tile[tx, .] strides by 32 words = one bank)
+@cuda.jit
+def transpose_smem(a, out):
+    tile = cuda.shared.array((TILE, TILE), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    x = cuda.blockIdx.x * TILE + tx
+    y = cuda.blockIdx.y * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < a.shape[0] and x < a.shape[1]:
+            tile[ty + k, tx] = a[y + k, x]
+    cuda.syncthreads()  # the tile is read along columns: other threads wrote them
+    x = cuda.blockIdx.y * TILE + tx  # out's column = a's row
+    y = cuda.blockIdx.x * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < out.shape[0] and x < out.shape[1]:
+            out[y + k, x] = tile[tx, ty + k]
+
+
+# version 3: version 2 with a padded TILE x (TILE + 1) tile: no bank conflicts
+@cuda.jit
+def transpose_smem_padded(a, out):
+    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    x = cuda.blockIdx.x * TILE + tx
+    y = cuda.blockIdx.y * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < a.shape[0] and x < a.shape[1]:
+            tile[ty + k, tx] = a[y + k, x]
+    cuda.syncthreads()
+    x = cuda.blockIdx.y * TILE + tx
+    y = cuda.blockIdx.x * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < out.shape[0] and x < out.shape[1]:
+            out[y + k, x] = tile[tx, ty + k]
+
+
+def transpose(kernel, a, out) -> None:
+    """Launch ``kernel`` on ``a`` (rows, cols) float32 into ``out`` (cols, rows)
+    (or (rows, cols) for :func:`copy_2d`).
+
+    Raises:
+        ValueError: ``a`` is not 2-D, or ``out`` has the wrong shape.
+    """
+    if a.ndim != 2:
+        raise ValueError(f"transpose needs a 2-D array, got shape {a.shape}")
+    want = a.shape if kernel is copy_2d else a.shape[::-1]
+    if tuple(out.shape) != tuple(want):
+        raise ValueError(f"out must have shape {want}, got {out.shape}")
+    grid = (ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE))
+    kernel[grid, (TILE, ROWS)](a, out)
+
+
+def run(shape: tuple[int, int] | None = None) -> list:
+    """Check and time every version at ``shape`` (default 8192 x 16384 on a GPU,
+    512 MiB). Returns Timings whose ``nbytes`` is 2 * 4 * rows * cols."""
+    rows, cols = shape or pick(gpu=(8192, 16384), simulator=(37, 70))
+    a_host = random_array((rows, cols), np.float32, np.random.default_rng(2))
+    a = cuda.to_device(a_host)
+    nbytes = 2 * 4 * rows * cols
+    title = f"transpose {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)"
+    results = run_versions(
+        {"transpose v0 copy (speed of light)": lambda out: transpose(copy_2d, a, out)},
+        reference=a_host.astype(np.float64), out_shape=(rows, cols), tol=0.0,
+        nbytes=nbytes, title=title, print_table=False,
+    )
+    results += run_versions(
+        {
+            "transpose v1 naive": lambda out: transpose(transpose_naive, a, out),
+            "transpose v2 smem tile": lambda out: transpose(transpose_smem, a, out),
+            "transpose v3 smem tile 32x33": lambda out: transpose(transpose_smem_padded, a, out),
+        },
+        reference=transpose_cpu(a_host), out_shape=(cols, rows), tol=0.0,
+        nbytes=nbytes, title=title, print_table=False,
+    )
+    print(common.format_table(results, title=title))
+    return results
+
+
+def main(argv=None) -> int:
+    args = launch.script_args(__doc__, argv)
+    launch.save(run(), args.out, "transpose")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
