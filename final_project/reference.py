@@ -1,0 +1,257 @@
+"""The capstone CNN in plain NumPy float64, forward and backward, written to be read.
+
+One function pair per layer, micrograd style: ``<layer>_forward`` returns the
+output and a ``cache`` of what the backward pass needs; ``<layer>_backward``
+takes the gradient of the loss with respect to the output (``dout``) and the
+cache, and returns the gradients with respect to the inputs and parameters.
+The kernels in :mod:`final_project.kernels` compute the same things, one thread
+per output element; the tests check this file against ``torch.autograd`` and
+the kernels against both.
+
+    conv 3x3 pad 1 -> batchnorm -> ReLU -> max-pool 2x2      (x2)
+    -> flatten (NCHW order) -> linear -> ReLU -> linear -> log-softmax + NLL
+
+Layouts follow torch: NCHW activations, conv weights OIHW, linear weights
+(out, in). Usage::
+
+    loss, new_params, new_buffers = reference_train_step(state, x, y, lr, config)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# ---------------------------------------------------------------------------
+# Convolution, stride 1, zero padding
+# ---------------------------------------------------------------------------
+
+
+def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int = 1):
+    """out[n, o, i, j] = b[o] + sum_{c, p, q} xpad[n, c, i + p, j + q] w[o, c, p, q].
+
+    x (N, C, H, W), w (O, C, K, K), b (O,) -> out (N, O, H + 2 pad - K + 1, ...).
+    One einsum per kernel offset (p, q): the image shifted by (p, q) times a
+    (O, C) slice of the weights.
+    """
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    k_h, k_w = w.shape[2], w.shape[3]
+    h_out, w_out = xp.shape[2] - k_h + 1, xp.shape[3] - k_w + 1
+    out = np.zeros((x.shape[0], w.shape[0], h_out, w_out))
+    for p in range(k_h):
+        for q in range(k_w):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, p:p + h_out, q:q + w_out], w[:, :, p, q])
+    return out + b[None, :, None, None], (x, w, pad)
+
+
+def conv2d_backward(dout: np.ndarray, cache):
+    """-> dx (N, C, H, W), dw (O, C, K, K), db (O,) for :func:`conv2d_forward`."""
+    x, w, pad = cache
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    dxp = np.zeros_like(xp)
+    dw = np.zeros_like(w, dtype=np.float64)
+    h_out, w_out = dout.shape[2], dout.shape[3]
+    for p in range(w.shape[2]):
+        for q in range(w.shape[3]):
+            window = xp[:, :, p:p + h_out, q:q + w_out]
+            dw[:, :, p, q] = np.einsum("nohw,nchw->oc", dout, window)
+            dxp[:, :, p:p + h_out, q:q + w_out] += np.einsum("nohw,oc->nchw", dout, w[:, :, p, q])
+    dx = dxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
+    return dx, dw, dout.sum(axis=(0, 2, 3))
+
+
+# ---------------------------------------------------------------------------
+# Batch normalisation (per channel over N, H, W), as torch.nn.BatchNorm2d
+# ---------------------------------------------------------------------------
+
+
+def batchnorm_forward_train(x, gamma, beta, running_mean, running_var,
+                            eps: float = 1e-5, momentum: float = 0.1):
+    """Normalise with the batch's mean and biased variance; return
+    (y, cache, new_running_mean, new_running_var). The running variance is
+    updated with the unbiased variance (factor M / (M - 1), M = N*H*W), as torch."""
+    m = x.shape[0] * x.shape[2] * x.shape[3]
+    mean = x.mean(axis=(0, 2, 3))
+    var = x.var(axis=(0, 2, 3))
+    invstd = 1.0 / np.sqrt(var + eps)
+    xhat = (x - mean[None, :, None, None]) * invstd[None, :, None, None]
+    y = gamma[None, :, None, None] * xhat + beta[None, :, None, None]
+    new_mean = (1 - momentum) * running_mean + momentum * mean
+    new_var = (1 - momentum) * running_var + momentum * var * m / (m - 1)
+    return y, (xhat, gamma, invstd), new_mean, new_var
+
+
+def batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps: float = 1e-5):
+    """Normalise with the running statistics (evaluation mode)."""
+    scale = gamma / np.sqrt(running_var + eps)
+    return (x - running_mean[None, :, None, None]) * scale[None, :, None, None] \
+        + beta[None, :, None, None]
+
+
+def batchnorm_backward(dy, cache):
+    """-> dx, dgamma, dbeta for :func:`batchnorm_forward_train`.
+
+    dx = gamma invstd / M (M dy - sum(dy) - xhat sum(dy xhat)), sums per channel
+    over M = N*H*W elements (Ioffe and Szegedy 2015, section 3, simplified).
+    """
+    xhat, gamma, invstd = cache
+    m = dy.shape[0] * dy.shape[2] * dy.shape[3]
+    dbeta = dy.sum(axis=(0, 2, 3))
+    dgamma = (dy * xhat).sum(axis=(0, 2, 3))
+    c = lambda v: v[None, :, None, None]
+    dx = c(gamma * invstd / m) * (m * dy - c(dbeta) - xhat * c(dgamma))
+    return dx, dgamma, dbeta
+
+
+# ---------------------------------------------------------------------------
+# ReLU, max-pool, linear
+# ---------------------------------------------------------------------------
+
+
+def relu_forward(x):
+    return np.maximum(x, 0), x
+
+
+def relu_backward(dout, x):
+    return dout * (x > 0)
+
+
+def maxpool2x2_forward(x):
+    """2x2 max-pool, stride 2, floor mode. Returns (out, cache); the cache holds
+    each window's argmax (0..3, first maximum in row-major order, as torch)."""
+    n, c, h, w = x.shape
+    ho, wo = h // 2, w // 2
+    windows = x[:, :, :2 * ho, :2 * wo].reshape(n, c, ho, 2, wo, 2)
+    windows = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, 4)
+    arg = windows.argmax(axis=-1)
+    out = np.take_along_axis(windows, arg[..., None], axis=-1)[..., 0]
+    return out, (x.shape, arg)
+
+
+def maxpool2x2_backward(dout, cache):
+    """Route each output's gradient to its window's argmax; 0 everywhere else."""
+    shape, arg = cache
+    n, c, ho, wo = dout.shape
+    onehot = np.arange(4) == arg[..., None]  # (n, c, ho, wo, 4)
+    windows = (onehot * dout[..., None]).reshape(n, c, ho, wo, 2, 2)
+    dx = np.zeros(shape)
+    dx[:, :, :2 * ho, :2 * wo] = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, 2 * ho, 2 * wo)
+    return dx
+
+
+def linear_forward(x, w, b):
+    """y (N, O) = x (N, I) @ w (O, I)^T + b."""
+    return x @ w.T + b, (x, w)
+
+
+def linear_backward(dout, cache):
+    """-> dx (N, I), dw (O, I), db (O,)."""
+    x, w = cache
+    return dout @ w, dout.T @ x, dout.sum(axis=0)
+
+
+# ---------------------------------------------------------------------------
+# Loss
+# ---------------------------------------------------------------------------
+
+
+def log_softmax_nll_forward(logits, labels):
+    """Mean over the batch of -log softmax(logits)[n, labels[n]]; returns (loss, cache)."""
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    n = logits.shape[0]
+    return -logprobs[np.arange(n), labels].mean(), (logprobs, labels)
+
+
+def log_softmax_nll_backward(cache):
+    """d loss / d logits = (softmax - onehot(labels)) / N."""
+    logprobs, labels = cache
+    n = logprobs.shape[0]
+    d = np.exp(logprobs)
+    d[np.arange(n), labels] -= 1
+    return d / n
+
+
+# ---------------------------------------------------------------------------
+# The network
+# ---------------------------------------------------------------------------
+
+
+def _f64(state: dict[str, Any]) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.float64) for k, v in state.items()}
+
+
+def _buffers(state: dict[str, Any], config) -> dict[str, np.ndarray]:
+    """Running statistics from ``state``, or torch's initial values when absent."""
+    out = {}
+    for bn, c in (("bn1", config.c1), ("bn2", config.c2)):
+        out[f"{bn}.running_mean"] = np.asarray(state.get(f"{bn}.running_mean", np.zeros(c)),
+                                               dtype=np.float64)
+        out[f"{bn}.running_var"] = np.asarray(state.get(f"{bn}.running_var", np.ones(c)),
+                                              dtype=np.float64)
+    return out
+
+
+def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bool = False):
+    """Logits (N, num_classes) float64 of the network for x (N, C, H, W).
+
+    ``training`` selects batch statistics (True) or the running statistics in
+    ``state`` (False) for batchnorm. Returns (logits, caches, new_buffers);
+    caches and new_buffers are only meaningful for training.
+    """
+    p = _f64(state)
+    buf = _buffers(state, config)
+    x = np.asarray(x, dtype=np.float64)
+    caches: dict[str, Any] = {}
+    new_buffers: dict[str, np.ndarray] = {}
+    h = x
+    for conv, bn in (("conv1", "bn1"), ("conv2", "bn2")):
+        h, caches[conv] = conv2d_forward(h, p[f"{conv}.weight"], p[f"{conv}.bias"], pad=1)
+        rm, rv = buf[f"{bn}.running_mean"], buf[f"{bn}.running_var"]
+        if training:
+            h, caches[bn], nm, nv = batchnorm_forward_train(
+                h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv, config.bn_eps, config.bn_momentum)
+            new_buffers[f"{bn}.running_mean"], new_buffers[f"{bn}.running_var"] = nm, nv
+        else:
+            h = batchnorm_forward_eval(h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv,
+                                       config.bn_eps)
+        h, caches[f"relu_{bn}"] = relu_forward(h)
+        h, caches[f"pool_{bn}"] = maxpool2x2_forward(h)
+    caches["flatten"] = h.shape
+    h = h.reshape(h.shape[0], -1)  # NCHW flatten, as torch's x.flatten(1)
+    h, caches["fc1"] = linear_forward(h, p["fc1.weight"], p["fc1.bias"])
+    h, caches["relu_fc1"] = relu_forward(h)
+    logits, caches["fc2"] = linear_forward(h, p["fc2.weight"], p["fc2.bias"])
+    return logits, caches, new_buffers
+
+
+def reference_loss_and_grads(state: dict[str, Any], x: np.ndarray, y: np.ndarray, config):
+    """Training-mode forward and backward: (loss, grads by parameter name, new_buffers)."""
+    logits, caches, new_buffers = reference_forward(state, x, config, training=True)
+    loss, loss_cache = log_softmax_nll_forward(logits, np.asarray(y, dtype=np.int64))
+    g: dict[str, np.ndarray] = {}
+    d = log_softmax_nll_backward(loss_cache)
+    d, g["fc2.weight"], g["fc2.bias"] = linear_backward(d, caches["fc2"])
+    d = relu_backward(d, caches["relu_fc1"])
+    d, g["fc1.weight"], g["fc1.bias"] = linear_backward(d, caches["fc1"])
+    d = d.reshape(caches["flatten"])
+    for conv, bn in (("conv2", "bn2"), ("conv1", "bn1")):
+        d = maxpool2x2_backward(d, caches[f"pool_{bn}"])
+        d = relu_backward(d, caches[f"relu_{bn}"])
+        d, g[f"{bn}.weight"], g[f"{bn}.bias"] = batchnorm_backward(d, caches[bn])
+        d, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
+    return float(loss), g, new_buffers
+
+
+def reference_train_step(params: dict[str, Any], x: np.ndarray, y: np.ndarray, lr: float,
+                         config):
+    """One plain-SGD step in float64: (loss before the step, new_params, new_buffers).
+
+    params: the parameters by torch name (as :func:`final_project.model.init_params`
+    returns), optionally with the batchnorm running statistics (torch's initial
+    zeros and ones are used when absent). x (N, C, H, W), y (N,) integer labels.
+    """
+    loss, grads, new_buffers = reference_loss_and_grads(params, x, y, config)
+    new_params = {k: np.asarray(params[k], dtype=np.float64) - lr * grads[k] for k in grads}
+    return loss, new_params, new_buffers
