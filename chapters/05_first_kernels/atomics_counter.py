@@ -1,0 +1,97 @@
+"""Counting with many threads: a plain `+=` loses updates, cuda.atomic.add does not.
+
+version 1 count_above_plain: every thread whose element passes does counter[0] += 1
+          (read, add, write: two threads that read the same old value both write old + 1)
+version 2 count_above_atomic: cuda.atomic.add(counter, 0, 1), a read-modify-write the
+          memory system performs as one indivisible step (CUDA C++ Programming Guide,
+          "Atomic Functions")
+
+On a GPU version 1 is wrong on every run. In the simulator threads only race when
+switched finely, so the launches run inside common.runtime.interleaved_threads().
+
+Run: python chapters/05_first_kernels/atomics_counter.py [--out runs/05_first_kernels]
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from common import ceil_div, pick
+from common.runtime import interleaved_threads
+from common.timing import benchmark, device_peaks, format_table, write_json
+
+
+# version 1: a data race. The barrier lines up every thread of the block (as a warp is
+# lined up on a GPU) so that, in the simulator too, many threads reach the += at once.
+@cuda.jit
+def count_above_plain(x, threshold, counter):
+    i = cuda.grid(1)
+    cuda.syncthreads()
+    if i < x.size and x[i] > threshold:
+        counter[0] += 1
+
+
+# version 2: the same with an atomic add; all passing threads serialize on one address.
+@cuda.jit
+def count_above_atomic(x, threshold, counter):
+    i = cuda.grid(1)
+    cuda.syncthreads()
+    if i < x.size and x[i] > threshold:
+        cuda.atomic.add(counter, 0, 1)
+
+
+def count(kernel, x, threshold, threads_per_block=256):
+    """Run ``kernel`` on device array x (float32 (n,)); return the int count."""
+    counter = cuda.to_device(np.zeros(1, dtype=np.int32))
+    kernel[ceil_div(x.size, threads_per_block), threads_per_block](x, np.float32(threshold), counter)
+    return int(counter.copy_to_host()[0])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for atomics_counter.json")
+    args = parser.parse_args(argv)
+    n = pick(gpu=1 << 24, simulator=512)
+    runs = 5
+    rng = np.random.default_rng(0)
+    x_host = rng.standard_normal(n).astype(np.float32)
+    threshold = 0.0
+    expected = int((x_host > threshold).sum())
+    x = cuda.to_device(x_host)
+    print(f"count of x > {threshold} over n = {n:,} normal samples; right answer {expected:,}")
+    with interleaved_threads():
+        plain = [count(count_above_plain, x, threshold) for _ in range(runs)]
+        atomic = [count(count_above_atomic, x, threshold) for _ in range(runs)]
+    wrong = sum(c != expected for c in plain)
+    print(f"  plain +=        : {plain}  wrong in {wrong} of {runs} runs")
+    print(f"  cuda.atomic.add : {atomic}")
+    if any(c != expected for c in atomic):
+        print("FAILED: the atomic count is wrong", file=sys.stderr)
+        return 1
+    print("  atomic count right in every run  OK")
+    if wrong == 0:
+        print("  (the race did not show this time; it is still a bug)")
+
+    counter = cuda.to_device(np.zeros(1, dtype=np.int32))
+    grid, block = ceil_div(n, 256), 256
+    peaks = device_peaks()
+    results = [
+        benchmark(lambda k=k: k[grid, block](x, np.float32(threshold), counter), name,
+                  nbytes=4 * n, peaks=peaks)
+        for name, k in (("1 plain += (wrong)", count_above_plain),
+                        ("2 cuda.atomic.add", count_above_atomic))
+    ]
+    print(format_table(results, title="cost of the atomic (half the threads hit one address)"))
+    out_dir = Path(args.out)
+    write_json(results, out_dir / "atomics_counter.json", device=peaks["device"], n=n,
+               plain_counts=plain, atomic_counts=atomic, expected=expected)
+    print(f"wrote {out_dir / 'atomics_counter.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Branch divergence: what an if/else costs when threads of one warp disagree.
+
+version 1 branch_by_group with group = 32 (or more): whole warps take the same branch
+version 2 branch_by_group with group < 32: each warp holds threads of both branches,
+          so the warp runs path A with the B threads masked off, then path B: ~2x the time
+
+Each element runs ITERS dependent FMAs on one of two paths (A or B, by (i // group) % 2).
+The work per element is the same for every group size; only the warp mix changes.
+Source: CUDA C++ Programming Guide, "SIMT Architecture" (divergence serializes paths).
+
+Run: python chapters/05_first_kernels/divergence.py [--out runs/05_first_kernels]
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from common import ceil_div, pick
+from common.harness import run_versions
+from common.timing import device_peaks, format_table, write_json
+
+WARP = 32
+A_MUL, A_ADD = np.float32(0.999), np.float32(0.001)
+B_MUL, B_ADD = np.float32(0.998), np.float32(0.002)
+
+
+def reference(x, group, iters):
+    """float64 result of the kernel: path A for even groups, path B for odd ones."""
+    path_a = (np.arange(x.size) // group) % 2 == 0
+    v = x.astype(np.float64)
+    mul = np.where(path_a, np.float64(A_MUL), np.float64(B_MUL))
+    add = np.where(path_a, np.float64(A_ADD), np.float64(B_ADD))
+    for _ in range(iters):
+        v = v * mul + add
+    return v
+
+
+# Both paths do ITERS FMAs; a warp whose threads disagree runs both, one after the other.
+@cuda.jit
+def branch_by_group(x, out, group, iters):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        if (i // group) % 2 == 0:
+            for _ in range(iters):
+                v = v * A_MUL + A_ADD
+        else:
+            for _ in range(iters):
+                v = v * B_MUL + B_ADD
+        out[i] = v
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for divergence.json")
+    args = parser.parse_args(argv)
+    n = pick(gpu=1 << 22, simulator=96)
+    iters = pick(gpu=1024, simulator=4)
+    threads = 256
+    rng = np.random.default_rng(0)
+    x_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    x = cuda.to_device(x_host)
+    peaks = device_peaks()
+    results = []
+    for group in (1, 2, 8, 16, 32, 64):
+        where = "diverged" if group < WARP else "warp-uniform"
+        results += run_versions(
+            {f"group {group:>2} ({where})":
+                lambda out, g=group: branch_by_group[ceil_div(n, threads), threads](x, out, g, iters)},
+            reference(x_host, group, iters), n, np.float32, tol=1e-5,
+            flops=2 * iters * n, peaks=peaks, print_table=False)
+    print(format_table(results, title=f"branch divergence: n = {n:,}, {iters} FMAs an element"))
+    print("every version checked against a float64 reference")
+    uniform = results[4]  # group 32: one path a warp
+    if uniform.measured:
+        for r in results:
+            print(f"  {r.name:<26} {r.median_ms / uniform.median_ms:5.2f}x the warp-uniform time")
+    out_dir = Path(args.out)
+    write_json(results, out_dir / "divergence.json", device=peaks["device"], n=n, iters=iters)
+    print(f"wrote {out_dir / 'divergence.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

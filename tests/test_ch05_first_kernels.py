@@ -1,0 +1,274 @@
+"""Chapter 5: hostile checks for the exercises, broken kernels that must fail
+them, and the chapter scripts run at simulator sizes."""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import numpy as np
+import pytest
+from numba import cuda
+
+from common import ceil_div, is_simulator
+from common.checking import CheckError, check, guarded, hostile_sizes, random_array
+from common.exercises import implementations, load_chapter_module
+
+CHAPTER = "05_first_kernels"
+# A wrong kernel either raises IndexError (simulator, out of bounds) or leaves a wrong output.
+FAILS = (CheckError, IndexError)
+
+
+def _dev(a):
+    return cuda.to_device(a)
+
+
+def _shapes_2d(rng):
+    # Non-square, not multiples of a 16x16 block, single row/column and single element.
+    return [(1, 1), (1, 17), (19, 1), (17, 5), (5, 33), tuple(int(v) for v in rng.integers(2, 40, 2))]
+
+
+# ------------------------------------------------------------------ check functions
+
+
+def check_scaled_add(fn, rng):
+    for threads in (32, 128):
+        for n in hostile_sizes(threads, rng):
+            x, y = random_array(n, rng=rng), random_array(n, rng=rng)
+            alpha = float(rng.uniform(-3, 3))
+            out = guarded(n)
+            fn(alpha, _dev(x), _dev(y), out.array, threads_per_block=threads)
+            check(out.array, alpha * x.astype(np.float64) + y, tol=1e-6,
+                  name=f"scaled_add n={n} block={threads}")
+            out.check_untouched(f"scaled_add n={n} block={threads}")
+
+
+def check_map_2d(fn, rng):
+    for block in ((16, 16), (32, 4)):
+        for shape in _shapes_2d(rng):
+            x = random_array(shape, rng=rng)
+            out = guarded(shape)
+            fn(_dev(x), out.array, block=block)
+            r, c = np.indices(shape)
+            check(out.array, 2.0 * x + c - r, tol=1e-6, name=f"map_2d {shape} block={block}")
+            out.check_untouched(f"map_2d {shape}")
+
+
+def check_broadcast_add(fn, rng):
+    for shape in _shapes_2d(rng):
+        x = random_array(shape, rng=rng)
+        row, col = random_array(shape[1], rng=rng), random_array(shape[0], rng=rng)
+        out = guarded(shape)
+        fn(_dev(x), _dev(row), _dev(col), out.array, block=(8, 8))
+        ref = x.astype(np.float64) + row[None, :] + col[:, None]
+        check(out.array, ref, tol=1e-6, name=f"broadcast_add {shape}")
+        out.check_untouched(f"broadcast_add {shape}")
+
+
+def check_clamp(fn, rng):
+    # Fixed grids much smaller than n: only a grid-stride loop covers everything.
+    for blocks, threads in ((1, 32), (2, 64), (3, 32)):
+        for n in (1, blocks * threads - 1, 5 * blocks * threads + 3):
+            x = random_array(n, rng=rng) * 3
+            lo, hi = sorted(float(v) for v in rng.uniform(-2, 2, 2))
+            out = guarded(n)
+            fn(_dev(x), lo, hi, out.array, blocks=blocks, threads_per_block=threads)
+            ref = np.clip(x, np.float32(lo), np.float32(hi))
+            check(out.array, ref, tol=0, name=f"clamp n={n} grid={blocks}x{threads}")
+            out.check_untouched(f"clamp n={n}")
+
+
+def check_batched_matmul(fn, rng):
+    dims = [(1, 1, 1, 1), (3, 5, 7, 9), (2, 9, 4, 3), tuple(int(v) for v in rng.integers(1, 10, 4))]
+    for batch, m, k, n in dims:
+        a = random_array((batch, m, k), rng=rng)
+        b = random_array((batch, k, n), rng=rng)
+        out = guarded((batch, m, n))
+        fn(_dev(a), _dev(b), out.array, block=(4, 4, 2))
+        ref = np.matmul(a.astype(np.float64), b)
+        check(out.array, ref, tol=1e-5, name=f"batched_matmul {(batch, m, k, n)}")
+        out.check_untouched("batched_matmul")
+
+
+def check_count_above(fn, rng, runs=3):
+    # Several launches: a lost update (plain +=) does not happen every time.
+    for n in (1, 127, 300):
+        for _ in range(runs):
+            x = random_array(n, rng=rng)
+            threshold = float(rng.uniform(-1, 0.5))
+            got = fn(_dev(x), threshold, threads_per_block=128)
+            expected = int((x > np.float32(threshold)).sum())
+            if got != expected:
+                raise CheckError(f"count_above n={n}: got {got}, expected {expected}")
+
+
+# ------------------------------------------------------------------ the exercises
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_scaled_add(impl, rng):
+    check_scaled_add(impl.scaled_add, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_map_2d(impl, rng):
+    check_map_2d(impl.map_2d, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_broadcast_add(impl, rng):
+    check_broadcast_add(impl.broadcast_add, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_clamp(impl, rng):
+    check_clamp(impl.clamp, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_batched_matmul(impl, rng):
+    check_batched_matmul(impl.batched_matmul, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_count_above(impl, rng):
+    check_count_above(impl.count_above, rng)
+
+
+def test_launchers_reject_bad_inputs():
+    sol = load_chapter_module(CHAPTER, "solutions")
+    x = _dev(np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="device array"):
+        sol.scaled_add(1.0, np.ones(8, np.float32), x, x)
+    with pytest.raises(TypeError, match="float32"):
+        sol.scaled_add(1.0, _dev(np.ones(8, np.float64)), x, x)
+    with pytest.raises(ValueError, match="shapes differ"):
+        sol.scaled_add(1.0, _dev(np.ones(7, np.float32)), x, x)
+    with pytest.raises(ValueError, match="chain"):
+        a = _dev(np.ones((2, 3, 4), np.float32))
+        sol.batched_matmul(a, a, _dev(np.ones((2, 3, 4), np.float32)))
+    with pytest.raises(ValueError, match="lo <= hi"):
+        sol.clamp(x, 1.0, -1.0, x)
+
+
+# ------------------------------------------------------------------ broken kernels must fail
+
+
+@cuda.jit
+def _scaled_add_no_bounds_check(alpha, x, y, out):
+    i = cuda.grid(1)
+    out[i] = alpha * x[i] + y[i]
+
+
+def _broken_scaled_add(alpha, x, y, out, threads_per_block=128):
+    blocks = ceil_div(out.size, threads_per_block)
+    _scaled_add_no_bounds_check[blocks, threads_per_block](np.float32(alpha), x, y, out)
+
+
+@cuda.jit
+def _map_2d_rows_cols_swapped(x, out):
+    r, c = cuda.grid(2)  # wrong: grid x walks columns in the launcher
+    if r < out.shape[0] and c < out.shape[1]:
+        out[r, c] = 2 * x[r, c] + c - r
+
+
+def _broken_map_2d(x, out, block=(16, 16)):
+    rows, cols = out.shape
+    _map_2d_rows_cols_swapped[(ceil_div(cols, block[0]), ceil_div(rows, block[1])), block](x, out)
+
+
+@cuda.jit
+def _broadcast_add_vectors_swapped(x, row, col, out):
+    c, r = cuda.grid(2)
+    if r < out.shape[0] and c < out.shape[1] and r < row.size and c < col.size:
+        out[r, c] = x[r, c] + row[r] + col[c]
+
+
+def _broken_broadcast_add(x, row, col, out, block=(16, 16)):
+    rows, cols = out.shape
+    grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
+    _broadcast_add_vectors_swapped[grid, block](x, row, col, out)
+
+
+@cuda.jit
+def _clamp_one_pass(x, lo, hi, out):
+    i = cuda.grid(1)  # no grid-stride loop: elements past the grid are never written
+    if i < out.size:
+        out[i] = min(max(x[i], lo), hi)
+
+
+def _broken_clamp(x, lo, hi, out, blocks=2, threads_per_block=64):
+    _clamp_one_pass[blocks, threads_per_block](x, np.float32(lo), np.float32(hi), out)
+
+
+@cuda.jit
+def _batched_matmul_first_batch_only(a, b, out):
+    j, i, z = cuda.grid(3)
+    if z < out.shape[0] and i < out.shape[1] and j < out.shape[2]:
+        acc = np.float32(0)
+        for k in range(a.shape[2]):
+            acc += a[0, i, k] * b[0, k, j]  # wrong: ignores the batch index
+        out[z, i, j] = acc
+
+
+def _broken_batched_matmul(a, b, out, block=(8, 8, 2)):
+    batch, m, _ = a.shape
+    n = b.shape[2]
+    grid = (ceil_div(n, block[0]), ceil_div(m, block[1]), ceil_div(batch, block[2]))
+    _batched_matmul_first_batch_only[grid, block](a, b, out)
+
+
+@cuda.jit
+def _count_above_plain_increment(x, threshold, counter):
+    i = cuda.grid(1)
+    # The barrier lines every thread of the block up, as a warp is on a GPU; in the
+    # simulator it keeps them all alive at once so their read-modify-writes overlap.
+    cuda.syncthreads()
+    if i < x.size and x[i] > threshold:
+        counter[0] += 1  # wrong: read, add, write by many threads at once loses updates
+
+
+def _broken_count_above(x, threshold, threads_per_block=128):
+    counter = cuda.to_device(np.zeros(1, dtype=np.int32))
+    blocks = ceil_div(x.size, threads_per_block)
+    _count_above_plain_increment[blocks, threads_per_block](x, np.float32(threshold), counter)
+    return int(counter.copy_to_host()[0])
+
+
+@pytest.mark.parametrize(
+    "check_fn, broken",
+    [
+        (check_scaled_add, _broken_scaled_add),
+        (check_map_2d, _broken_map_2d),
+        (check_broadcast_add, _broken_broadcast_add),
+        (check_clamp, _broken_clamp),
+        (check_batched_matmul, _broken_batched_matmul),
+    ],
+    ids=["no-bounds-check", "rows-cols-swapped", "vectors-swapped", "no-grid-stride",
+         "batch-ignored"],
+)
+def test_broken_kernels_fail(check_fn, broken, rng):
+    with pytest.raises(FAILS):
+        check_fn(broken, rng)
+
+
+def test_plain_increment_loses_counts(rng):
+    # Races are probabilistic: each run of the check launches 9 times; try a few runs.
+    with pytest.raises(CheckError):
+        for _ in range(4):
+            check_count_above(_broken_count_above, rng, runs=3)
+
+
+# ------------------------------------------------------------------ the chapter scripts
+
+
+@pytest.mark.parametrize(
+    "script", ["hello_threads", "vector_add", "indexing_2d_3d", "divergence", "out_of_bounds",
+               "atomics_counter"]
+)
+def test_script_main(script, tmp_path):
+    module = load_chapter_module(CHAPTER, script)
+    assert module.main(["--out", str(tmp_path)]) == 0
+
+
+def test_out_of_bounds_demo_detects_the_overrun():
+    oob = load_chapter_module(CHAPTER, "out_of_bounds")
+    outcome = oob.launch_without_bounds_check(n=100, threads_per_block=64)
+    expected = "IndexError" if is_simulator() else "guard cells written"
+    assert expected in outcome
