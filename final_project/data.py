@@ -302,8 +302,10 @@ def verify_and_read(path: Path, info: DatasetInfo, stem: str) -> np.ndarray:
     return array
 
 
-def locate_files(data_dir: str | os.PathLike[str], info: DatasetInfo) -> dict[str, Path]:
-    """The four files of ``info`` in ``data_dir`` (flat or torchvision layout).
+def locate_files(
+    data_dir: str | os.PathLike[str], info: DatasetInfo, splits: tuple[str, ...] = ("train", "test")
+) -> dict[str, Path]:
+    """The files of ``splits`` of ``info`` in ``data_dir`` (flat or torchvision layout).
 
     Raises:
         MissingDataError: ``data_dir`` does not exist, or some files are in
@@ -319,8 +321,8 @@ def locate_files(data_dir: str | os.PathLike[str], info: DatasetInfo) -> dict[st
     folders = [root, root / info.torchvision_folder / "raw"]
     found: dict[str, Path] = {}
     missing = []
-    for stems in SPLITS.values():
-        for stem in stems:
+    for split in splits:
+        for stem in SPLITS[split]:
             hit = next((p for f in folders if (p := find_file(f, stem)) is not None), None)
             if hit is None:
                 missing.append(stem)
@@ -333,6 +335,8 @@ def locate_files(data_dir: str | os.PathLike[str], info: DatasetInfo) -> dict[st
             f"{', '.join(m + '[.gz]' for m in missing)} (looked in {looked}). "
             f"Put all four files there, or fetch them with "
             f"`{FETCH_COMMAND.format(dataset=info.name)}` and leave --data-dir out."
+            + (" (--train-from-test N needs only the two t10k files.)"
+               if all(m.startswith("train") for m in missing) else "")
         )
     return found
 
@@ -422,9 +426,12 @@ def download_file(
 
 
 def download(
-    dataset: str, cache_dir: str | os.PathLike[str] | None = None, progress: bool = True
+    dataset: str,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    splits: tuple[str, ...] = ("train", "test"),
 ) -> Path:
-    """Make sure the four files of ``dataset`` are in the cache; return the folder.
+    """Make sure the files of ``dataset`` (both splits) are in the cache; return the folder.
 
     Files already there with the right MD5 are kept; others are (re)downloaded.
 
@@ -433,8 +440,8 @@ def download(
     """
     info = DATASETS[dataset]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(dataset)
-    for stems in SPLITS.values():
-        for stem in stems:
+    for split in splits:
+        for stem in SPLITS[split]:
             path = folder / (stem + ".gz")
             if path.is_file() and md5_hex(path.read_bytes()) == info.gz_md5[stem]:
                 continue
@@ -506,7 +513,9 @@ class Dataset:
 def _from_files(info: DatasetInfo, files: dict[str, Path], where: str) -> Dataset:
     arrays = {stem: verify_and_read(path, info, stem) for stem, path in files.items()}
     (tri, trl), (tei, tel) = SPLITS["train"], SPLITS["test"]
-    return Dataset(info.name, arrays[tri], arrays[trl], arrays[tei], arrays[tel],
+    none = np.zeros((0, *IMAGE_SHAPE), np.uint8)  # the train split was not asked for
+    return Dataset(info.name, arrays.get(tri, none), arrays.get(trl, none[:, 0, 0]),
+                   arrays[tei], arrays[tel],
                    source=f"{info.name} from {where}", mean=info.mean, std=info.std)
 
 
@@ -541,12 +550,15 @@ def load_dataset(
     use_sample: bool = False,
     progress: bool = True,
     log=print,
+    test_only: bool = False,
 ) -> Dataset:
     """Load ``dataset`` ("mnist" | "fashion-mnist") from the first place that has it.
 
     Order: ``data_dir`` (errors are fatal), the cache, a download, and for MNIST
     the shipped sample (``log`` prints one line saying so, with the command that
     fetches the full set). ``use_sample=True`` takes the sample directly.
+    ``test_only=True`` needs only the test split's two files (for
+    :meth:`Dataset.train_from_test`); the train arrays are then empty.
 
     Raises:
         ValueError: unknown dataset, or the sample asked for a dataset other than MNIST.
@@ -560,14 +572,15 @@ def load_dataset(
         if dataset != "mnist":
             raise ValueError(f"the shipped sample is MNIST; it cannot stand in for {dataset}")
         return load_sample()
+    splits = ("test",) if test_only else ("train", "test")
     if data_dir is not None:
-        files = locate_files(data_dir, info)
+        files = locate_files(data_dir, info, splits)
         return _from_files(info, files, str(Path(data_dir).expanduser()))
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir(dataset)
     try:
         if allow_download:
-            download(dataset, folder, progress=progress)
-        files = locate_files(folder, info)
+            download(dataset, folder, progress=progress, splits=splits)
+        files = locate_files(folder, info, splits)
     except (DownloadError, MissingDataError) as e:
         if dataset != "mnist":
             raise DownloadError(
