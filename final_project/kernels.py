@@ -46,10 +46,7 @@ Run the checks: ``python -m pytest tests/test_final_project_layers.py -q``
 (simulator) or ``python -m final_project.check_gpu`` (GPU, full sizes).
 """
 
-from __future__ import annotations
-
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 import math
 
 from numba import cuda

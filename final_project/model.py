@@ -24,10 +24,7 @@ Usage::
     print(model.loss.copy_to_host()[0])
 """
 
-from __future__ import annotations
-
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 import math
 from dataclasses import dataclass
 from typing import Any

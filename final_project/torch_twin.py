@@ -8,8 +8,7 @@ so ``state_dict()`` keys are identical and weights move both ways. Usage::
     loss = torch_train_step(twin, opt, x, y)
 """
 
-from __future__ import annotations
-
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 from typing import Any
 
 import numpy as np
@@ -42,7 +41,7 @@ class TorchCNN(nn.Module):
 
     @classmethod
     def from_state_dict(cls, config: NetConfig, state: dict[str, Any], device: Any = "cpu",
-                        dtype: torch.dtype = torch.float32) -> TorchCNN:
+                        dtype: torch.dtype = torch.float32) -> "TorchCNN":
         """A twin holding ``state`` (NumPy arrays by torch name, e.g.
         ``NumbaCNN.state_dict()`` or ``init_params``) on ``device`` in ``dtype``.
         Missing buffers keep torch's initial values; a wrong name or shape raises
