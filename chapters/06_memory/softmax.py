@@ -1,0 +1,223 @@
+"""Softmax over the rows of a float32 matrix: out[r, :] = exp(x[r, :] - m) / sum(...).
+
+Versions:
+  version 1 (softmax_naive): one thread a row, three passes (max, sum, write).
+      Neighbouring threads read addresses a whole row apart: no coalescing.
+  version 2 (softmax_block_row): one block a row; each pass is a coalesced
+      strided loop over the row plus a shared-memory tree (max, then sum).
+      3 reads + 1 write of the row (the re-reads mostly hit L2).
+  version 3 (softmax_block_row_online): one block a row; the first pass keeps a
+      running max m and a sum s rescaled whenever m grows (online softmax), the
+      block combines the (m, s) pairs in one tree: 2 reads + 1 write.
+
+Source: M. Milakov and N. Gimelshein, "Online normalizer calculation for
+softmax", arXiv:1805.02867 (2018).
+
+Run: python chapters/06_memory/softmax.py [--out DIR]
+"""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
+import math
+import sys
+
+import numpy as np
+from numba import cuda, float32
+
+from common.checking import random_array
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
+
+launch = common.import_sibling(__file__, "launch")
+
+BLOCK = 512  # threads per row; 4 rows in flight per SM keep re-read rows in L2
+NAIVE_BLOCK = 128
+ZERO = np.float32(0.0)
+ONE = np.float32(1.0)
+NEG_INF = np.float32(-np.inf)
+
+
+def softmax_cpu(x: np.ndarray) -> np.ndarray:
+    """Row softmax in float64 (the max is subtracted first, so exp never overflows)."""
+    z = x.astype(np.float64)
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+# version 1: a thread a row: 3 passes, each an uncoalesced walk along one row
+@cuda.jit
+def softmax_naive(x, out):
+    r = cuda.grid(1)
+    if r >= x.shape[0]:
+        return
+    cols = x.shape[1]
+    m = NEG_INF
+    for j in range(cols):
+        m = max(m, x[r, j])
+    s = ZERO
+    for j in range(cols):
+        s += math.exp(x[r, j] - m)
+    inv = ONE / s
+    for j in range(cols):
+        out[r, j] = math.exp(x[r, j] - m) * inv
+
+
+@cuda.jit(device=True)
+def block_reduce_max(s, v):
+    """Max of ``v`` over the block, returned to every thread."""
+    t = cuda.threadIdx.x
+    s[t] = v
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] = max(s[t], s[t + stride])
+        cuda.syncthreads()
+        stride //= 2
+    result = s[0]
+    cuda.syncthreads()  # everyone has read s[0] before s is reused
+    return result
+
+
+@cuda.jit(device=True)
+def block_reduce_sum(s, v):
+    """Sum of ``v`` over the block, returned to every thread."""
+    t = cuda.threadIdx.x
+    s[t] = v
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    result = s[0]
+    cuda.syncthreads()
+    return result
+
+
+@cuda.jit(device=True)
+def write_row(x, out, r, m, inv):
+    """out[r, j] = exp(x[r, j] - m) * inv for this thread's columns, 4 loads in flight."""
+    cols = x.shape[1]
+    j = cuda.threadIdx.x
+    while j + 3 * BLOCK < cols:
+        v0 = x[r, j]
+        v1 = x[r, j + BLOCK]
+        v2 = x[r, j + 2 * BLOCK]
+        v3 = x[r, j + 3 * BLOCK]
+        out[r, j] = math.exp(v0 - m) * inv
+        out[r, j + BLOCK] = math.exp(v1 - m) * inv
+        out[r, j + 2 * BLOCK] = math.exp(v2 - m) * inv
+        out[r, j + 3 * BLOCK] = math.exp(v3 - m) * inv
+        j += 4 * BLOCK
+    while j < cols:
+        out[r, j] = math.exp(x[r, j] - m) * inv
+        j += BLOCK
+
+
+# version 2: a block a row, three coalesced passes, shared-memory trees for max and sum
+@cuda.jit
+def softmax_block_row(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    cols = x.shape[1]
+    m = NEG_INF
+    for j in range(cuda.threadIdx.x, cols, BLOCK):
+        m = max(m, x[r, j])
+    m = block_reduce_max(s, m)
+    acc = ZERO
+    for j in range(cuda.threadIdx.x, cols, BLOCK):
+        acc += math.exp(x[r, j] - m)
+    total = block_reduce_sum(s, acc)
+    write_row(x, out, r, m, ONE / total)
+
+
+# version 3: online max and sum in one pass (2 reads + 1 write of the row)
+@cuda.jit
+def softmax_block_row_online(x, out):
+    sm = cuda.shared.array(BLOCK, float32)
+    ss = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    cols = x.shape[1]
+    m = NEG_INF
+    s = ZERO
+    j = t
+    while j + 3 * BLOCK < cols:
+        v0 = x[r, j]
+        v1 = x[r, j + BLOCK]
+        v2 = x[r, j + 2 * BLOCK]
+        v3 = x[r, j + 3 * BLOCK]
+        m_new = max(max(m, max(v0, v1)), max(v2, v3))
+        s = s * math.exp(m - m_new) + (math.exp(v0 - m_new) + math.exp(v1 - m_new)) + (
+            math.exp(v2 - m_new) + math.exp(v3 - m_new))
+        m = m_new
+        j += 4 * BLOCK
+    while j < cols:
+        v = x[r, j]
+        m_new = max(m, v)
+        s = s * math.exp(m - m_new) + math.exp(v - m_new)
+        m = m_new
+        j += BLOCK
+    # combine the threads' (m, s) pairs: s_ab = s_a e^(m_a - m) + s_b e^(m_b - m)
+    sm[t] = m
+    ss[t] = s
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            ma = sm[t]
+            mb = sm[t + stride]
+            mm = max(ma, mb)
+            if mm != NEG_INF:  # a thread with no columns holds (-inf, 0)
+                ss[t] = ss[t] * math.exp(ma - mm) + ss[t + stride] * math.exp(mb - mm)
+            sm[t] = mm
+        cuda.syncthreads()
+        stride //= 2
+    write_row(x, out, r, sm[0], ONE / ss[0])
+
+
+def softmax(kernel, x, out) -> None:
+    """Row softmax of ``x`` float32 (rows, cols) into ``out`` of the same shape.
+
+    Raises:
+        ValueError: not a 2-D float32 array, or ``out`` has another shape.
+    """
+    if x.ndim != 2 or x.dtype != np.float32:
+        raise ValueError(f"x must be 2-D float32, got {x.dtype} {x.shape}")
+    if tuple(out.shape) != tuple(x.shape):
+        raise ValueError(f"out must have shape {x.shape}, got {out.shape}")
+    if kernel is softmax_naive:
+        kernel[ceil_div(x.shape[0], NAIVE_BLOCK), NAIVE_BLOCK](x, out)
+    else:
+        kernel[x.shape[0], BLOCK](x, out)
+
+
+def run(shape: tuple[int, int] | None = None) -> list:
+    """Check and time every version (default 32768 rows x 4096 cols, 512 MiB, on a
+    GPU). ``nbytes`` = 2 * 4 * rows * cols: read the input once, write the output."""
+    rows, cols = shape or pick(gpu=(32768, 4096), simulator=(2, 4 * BLOCK + 37))
+    x_host = random_array((rows, cols), np.float32, np.random.default_rng(6), -8.0, 8.0)
+    x = cuda.to_device(x_host)
+    versions = {
+        "softmax v1 naive (thread a row)": softmax_naive,
+        "softmax v2 block a row, 3 passes": softmax_block_row,
+        "softmax v3 block a row, online": softmax_block_row_online,
+    }
+    return run_versions(
+        {name: (lambda k: lambda out: softmax(k, x, out))(k) for name, k in versions.items()},
+        reference=softmax_cpu(x_host), out_shape=(rows, cols), tol=1e-5,
+        nbytes=2 * 4 * rows * cols, warmup=2, repeats=10,
+        title=f"softmax {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)",
+    )
+
+
+def main(argv=None) -> int:
+    args = launch.script_args(__doc__, argv)
+    launch.save(run(), args.out, "softmax")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
