@@ -12,7 +12,7 @@ Versions:
 Run: python chapters/06_memory/fusion.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import math
 import sys

@@ -20,7 +20,7 @@ Kirk & Hwu, "Programming Massively Parallel Processors" (4th ed.), ch. 9.
 Run: python chapters/06_memory/histogram.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import sys
 
@@ -177,7 +177,6 @@ def run(n: int | None = None) -> list:
             reference=histogram_cpu(host), out_shape=NBINS, out_dtype=np.int32,
             nbytes=4 * n, print_table=False, warmup=2, repeats=10,
         )
-        del x
     print(common.format_table(results, title=f"histogram of {n} float32 into {NBINS} bins"))
     return results
 

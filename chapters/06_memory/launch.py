@@ -9,13 +9,12 @@
   script writes there.
 """
 
-from __future__ import annotations
-
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from numba import cuda

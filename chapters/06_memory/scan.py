@@ -16,7 +16,7 @@ M. Harris, S. Sengupta, J. Owens, GPU Gems 3, ch. 39 (2007).
 Run: python chapters/06_memory/scan.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import sys
 

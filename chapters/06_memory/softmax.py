@@ -16,7 +16,7 @@ softmax", arXiv:1805.02867 (2018).
 Run: python chapters/06_memory/softmax.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import math
 import sys

@@ -16,7 +16,7 @@ Source: Kirk & Hwu, "Programming Massively Parallel Processors" (4th ed.), ch. 7
 Run: python chapters/06_memory/stencil.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import sys
 

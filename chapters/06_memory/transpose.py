@@ -18,7 +18,7 @@ developer blog (2013).
 Run: python chapters/06_memory/transpose.py [--out DIR]
 """
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import sys
 
