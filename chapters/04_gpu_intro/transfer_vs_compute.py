@@ -1,0 +1,176 @@
+"""Host <-> device transfers vs compute: at which size does the GPU start to win?
+
+For growing n we time, for two operations:
+  CPU   : NumPy on the host
+  H2D   : copying the inputs to the device (cuda.to_device into a preallocated array)
+  kernel: the kernel alone (CUDA events)
+  D2H   : copying the result back (copy_to_host)
+The GPU wins a one-off call only when H2D + kernel + D2H < CPU.
+
+operation 1 vector_add: 1 FLOP per 12 bytes; the copies (over PCIe/NVLink-C2C) always lose to NumPy
+operation 2 poly_eval: POLY_ITERS FMAs an element; enough work per byte for the GPU to win
+
+Writes transfer_vs_compute.json and transfer_vs_compute.png (time vs n, log-log) to --out.
+
+Run: python chapters/04_gpu_intro/transfer_vs_compute.py [--out runs/04_gpu_intro]
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from common import ceil_div, pick
+from common.checking import check
+from common.timing import benchmark
+
+POLY_ITERS = 64
+MUL, ADD = np.float32(0.999), np.float32(0.001)
+
+
+# 2 loads, 1 add, 1 store an element.
+@cuda.jit
+def vector_add(a, b, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a[i] + b[i]
+
+
+# POLY_ITERS FMAs an element on one load and one store: 16 FLOP/byte.
+@cuda.jit
+def poly_eval(a, b, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        v = a[i]
+        for _ in range(POLY_ITERS):
+            v = v * MUL + ADD
+        out[i] = v + b[i]
+
+
+def poly_eval_numpy(a, b):
+    v = a.copy()
+    for _ in range(POLY_ITERS):
+        v *= MUL
+        v += ADD
+    return v + b
+
+
+OPERATIONS = {
+    "vector_add": (vector_add, lambda a, b: a + b),
+    "poly_eval": (poly_eval, poly_eval_numpy),
+}
+
+
+def _cpu_ms(fn, repeats=3):
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure(op, n, rng):
+    """Check the kernel for op at size n; return a row of ms (None in the simulator)."""
+    kernel, cpu_fn = OPERATIONS[op]
+    a_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    b_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    a, b = cuda.device_array(n, np.float32), cuda.device_array(n, np.float32)
+    out = cuda.device_array(n, np.float32)
+    out_host = np.empty(n, np.float32)
+    grid, threads = ceil_div(n, 256), 256
+
+    def h2d():
+        cuda.to_device(a_host, to=a)
+        cuda.to_device(b_host, to=b)
+
+    h2d()
+    kernel[grid, threads](a, b, out)
+    out.copy_to_host(out_host)
+    check(out_host, cpu_fn(a_host.astype(np.float64), b_host.astype(np.float64)), tol=1e-5,
+          name=f"{op} n={n}")
+    t_h2d = benchmark(h2d, "H2D", repeats=5)
+    t_kernel = benchmark(lambda: kernel[grid, threads](a, b, out), "kernel", repeats=10)
+    t_d2h = benchmark(lambda: out.copy_to_host(out_host), "D2H", repeats=5)
+    if not t_kernel.measured:
+        return None
+    return {"op": op, "n": n, "cpu_ms": _cpu_ms(lambda: cpu_fn(a_host, b_host)),
+            "h2d_ms": t_h2d.median_ms, "kernel_ms": t_kernel.median_ms, "d2h_ms": t_d2h.median_ms}
+
+
+def crossover(rows):
+    """Smallest n where H2D + kernel + D2H beats the CPU, or None."""
+    for r in rows:
+        if r["h2d_ms"] + r["kernel_ms"] + r["d2h_ms"] < r["cpu_ms"]:
+            return r["n"]
+    return None
+
+
+def plot(rows, path):
+    """Log-log plot of CPU, GPU-with-transfers and kernel-only time vs n, one panel an op."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = sorted({r["op"] for r in rows})
+    fig, axes = plt.subplots(1, len(ops), figsize=(6 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        rs = [r for r in rows if r["op"] == op]
+        n = [r["n"] for r in rs]
+        ax.loglog(n, [r["cpu_ms"] for r in rs], "o-", label="CPU (NumPy)")
+        ax.loglog(n, [r["h2d_ms"] + r["kernel_ms"] + r["d2h_ms"] for r in rs], "s-",
+                  label="GPU: copy in + kernel + copy out")
+        ax.loglog(n, [r["kernel_ms"] for r in rs], "^--", label="GPU: kernel only")
+        ax.loglog(n, [r["h2d_ms"] + r["d2h_ms"] for r in rs], ":", label="GPU: copies only")
+        ax.set_title(op)
+        ax.set_xlabel("elements n (float32)")
+        ax.set_ylabel("time (ms)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/04_gpu_intro", help="folder for the JSON and PNG")
+    args = parser.parse_args(argv)
+    sizes = pick(gpu=[1 << k for k in range(10, 25, 2)], simulator=[1, 100, 300])
+    rng = np.random.default_rng(0)
+    rows = []
+    for op in OPERATIONS:
+        for n in sizes:
+            row = measure(op, n, rng)
+            if row is not None:
+                rows.append(row)
+        print(f"{op}: kernel checked against NumPy at n = {', '.join(f'{n:,}' for n in sizes)}")
+    out_dir = Path(args.out)
+    if not rows:
+        print("simulator: kernels checked; nothing timed, so no plot")
+        return 0
+    print(f"  {'op':<11} {'n':>12} {'CPU ms':>9} {'H2D ms':>9} {'kernel ms':>10} {'D2H ms':>9}")
+    for r in rows:
+        print(f"  {r['op']:<11} {r['n']:>12,} {r['cpu_ms']:9.3f} {r['h2d_ms']:9.3f} "
+              f"{r['kernel_ms']:10.4f} {r['d2h_ms']:9.3f}")
+    for op in OPERATIONS:
+        n = crossover([r for r in rows if r["op"] == op])
+        print(f"  {op}: the GPU, transfers included, wins from n = "
+              + (f"{n:,}" if n else "never (in this range)"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "transfer_vs_compute.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, out_dir / "transfer_vs_compute.png")
+    print(f"wrote {out_dir / 'transfer_vs_compute.json'} and transfer_vs_compute.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
