@@ -118,8 +118,10 @@ def check_batchnorm(rng, n, c, h, w, eps=1e-5, momentum=0.1, *,
 
 def check_relu(rng, shape, *, forward=K.relu_forward, backward=K.relu_backward,
                tol=TOL) -> dict[str, float]:
-    """ReLU forward and backward on any shape."""
+    """ReLU forward and backward on any shape (at least one positive input, so
+    the reference is not all zeros)."""
     x = random_array(shape, np.float32, rng)
+    x.flat[0] = abs(x.flat[0]) + 0.1
     tx = _t(x, True)
     ref = F.relu(tx)
     dy = random_array(shape, np.float32, rng)

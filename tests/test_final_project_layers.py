@@ -1,0 +1,350 @@
+"""Every capstone layer, forward and backward, against torch.autograd in float64.
+
+The kernels (float32) must land within 1e-4 relative error (final_project.checks);
+the NumPy reference (float64) within 1e-10. Shapes are hostile: batch 1, odd
+sizes, sizes that do not fill a block, one channel, kernels other than 3x3.
+Deliberately broken kernels must fail the same checks.
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from numba import cuda
+
+from common.checking import CheckError, check
+from final_project import checks as C
+from final_project import kernels as K
+from final_project import reference as R
+from final_project.model import NetConfig, init_params
+from final_project.torch_twin import TorchCNN
+
+# ---------------------------------------------------------------------------
+# Kernels against torch.autograd
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, c_in, c_out, h, w, k, pad", [
+    (2, 3, 4, 8, 8, 3, 1),   # the network's shape, small
+    (1, 1, 2, 5, 7, 3, 1),   # batch 1, one input channel, odd sizes
+    (2, 2, 3, 6, 5, 5, 2),   # 5x5 kernel
+    (1, 3, 2, 5, 6, 3, 0),   # no padding: the output shrinks
+    (3, 2, 1, 1, 1, 3, 1),   # 1x1 image: only the kernel's centre sees data
+])
+def test_conv2d(rng, n, c_in, c_out, h, w, k, pad):
+    C.check_conv2d(rng, n, c_in, c_out, h, w, k, pad)
+
+
+# Not (2, c, 1, 1): with 2 values per channel the output is +-gamma + beta whatever x
+# is, so the true dx is ~0 and a relative error measures only rounding.
+@pytest.mark.parametrize("n, c, h, w", [(2, 3, 8, 8), (1, 2, 5, 7), (1, 4, 1, 3), (3, 1, 3, 2)])
+def test_batchnorm(rng, n, c, h, w):
+    C.check_batchnorm(rng, n, c, h, w)
+
+
+@pytest.mark.parametrize("shape", [(1,), (33,), (2, 3, 5, 7), (1, 13)])
+def test_relu(rng, shape):
+    C.check_relu(rng, shape)
+
+
+@pytest.mark.parametrize("n, c, h, w", [(2, 3, 8, 8), (1, 2, 5, 7), (2, 1, 2, 2), (1, 2, 3, 6)])
+def test_maxpool(rng, n, c, h, w):
+    C.check_maxpool(rng, n, c, h, w)
+
+
+@pytest.mark.parametrize("n, n_in, n_out", [(2, 48, 16), (1, 7, 3), (3, 1, 10), (5, 33, 1)])
+def test_linear(rng, n, n_in, n_out):
+    C.check_linear(rng, n, n_in, n_out)
+
+
+@pytest.mark.parametrize("n, classes", [(2, 10), (1, 3), (5, 2), (33, 7)])
+def test_log_softmax_nll(rng, n, classes):
+    C.check_log_softmax_nll(rng, n, classes)
+
+
+@pytest.mark.parametrize("size", [1, 31, 33, 100])
+def test_sgd(rng, size):
+    C.check_sgd(rng, size)
+
+
+def test_loss_with_out_of_range_label_is_nan(rng):
+    logits = cuda.to_device(rng.standard_normal((3, 4)).astype(np.float32))
+    labels = cuda.to_device(np.array([0, 4, 1], dtype=np.int32))
+    logprobs, rows = cuda.device_array((3, 4), np.float32), cuda.device_array(3, np.float32)
+    loss = cuda.device_array(1, np.float32)
+    K.log_softmax_nll_forward(logits, labels, logprobs, rows, loss)
+    assert math.isnan(loss.copy_to_host()[0])
+
+
+def test_argmax_rows(rng):
+    logits = rng.standard_normal((37, 6)).astype(np.float32)
+    out = cuda.to_device(np.full(37, -1, np.int32))
+    K.argmax_rows(cuda.to_device(logits), out)
+    check(out, logits.argmax(1).astype(np.int32), name="argmax")
+
+
+# ---------------------------------------------------------------------------
+# Broken kernels must fail the checks (a check that cannot fail is a defect)
+# ---------------------------------------------------------------------------
+
+
+@cuda.jit
+def conv2d_forward_no_padding_check(x, w, b, pad, out):
+    # Bug: reads x[ih, iw] without testing 0 <= ih < H: negative indices wrap around.
+    i = cuda.grid(1)
+    if i >= out.size:
+        return
+    _, c_out, h_out, w_out = out.shape
+    ow = i % w_out
+    oh = (i // w_out) % h_out
+    co = (i // (w_out * h_out)) % c_out
+    n = i // (w_out * h_out * c_out)
+    acc = b[co]
+    for ci in range(w.shape[1]):
+        for kh in range(w.shape[2]):
+            for kw in range(w.shape[3]):
+                ih = min(oh + kh - pad, x.shape[2] - 1)
+                iw = min(ow + kw - pad, x.shape[3] - 1)
+                acc += x[n, ci, ih, iw] * w[co, ci, kh, kw]
+    out[n, co, oh, ow] = acc
+
+
+@cuda.jit
+def maxpool2x2_backward_scatter(dout, argmax, dx):
+    # Bug: thread per output writes only the winner; the other 3 inputs of the
+    # window are never written (they must be 0).
+    i = cuda.grid(1)
+    if i >= dout.size:
+        return
+    _, channels, h_out, w_out = dout.shape
+    ow = i % w_out
+    oh = (i // w_out) % h_out
+    c = (i // (w_out * h_out)) % channels
+    n = i // (w_out * h_out * channels)
+    j = argmax[n, c, oh, ow]
+    width = dx.shape[3]
+    height = dx.shape[2]
+    dx[n, c, (j // width) % height, j % width] = dout[n, c, oh, ow]
+
+
+@cuda.jit
+def batchnorm_stats_biased_running_var(x, eps, momentum, mean, invstd, running_mean,
+                                       running_var):
+    # Bug: updates the running variance with the biased variance (torch uses unbiased).
+    c = cuda.grid(1)
+    if c >= mean.size:
+        return
+    batch, _, height, width = x.shape
+    count = batch * height * width
+    s = 0.0
+    ss = 0.0
+    for n in range(batch):
+        for h in range(height):
+            for w in range(width):
+                s += x[n, c, h, w]
+                ss += x[n, c, h, w] * x[n, c, h, w]
+    mu = s / count
+    var = ss / count - mu * mu
+    mean[c] = mu
+    invstd[c] = 1.0 / math.sqrt(var + eps)
+    running_mean[c] = (1.0 - momentum) * running_mean[c] + momentum * mu
+    running_var[c] = (1.0 - momentum) * running_var[c] + momentum * var
+
+
+@cuda.jit
+def batchnorm_backward_dx_no_mean_terms(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
+    # Bug: treats the batch statistics as constants (dx = gamma invstd dy).
+    i = cuda.grid(1)
+    if i >= dx.size:
+        return
+    _, channels, height, width = dx.shape
+    c = (i // (width * height)) % channels
+    w = i % width
+    h = (i // width) % height
+    n = i // (width * height * channels)
+    dx[n, c, h, w] = gamma[c] * invstd[c] * dy[n, c, h, w]
+
+
+@cuda.jit
+def linear_grad_weight_no_bounds_check(dy, x, dw):
+    # Bug: no `if i >= dw.size: return`; the last block's extra threads write past dw.
+    i = cuda.grid(1)
+    n_in = dw.shape[1]
+    acc = 0.0
+    for n in range(x.shape[0]):
+        acc += dy[n, i // n_in] * x[n, i % n_in]
+    dw[i // n_in, i % n_in] = acc
+
+
+@cuda.jit
+def nll_backward_sum_not_mean(logprobs, labels, dlogits):
+    # Bug: the gradient of the summed loss (no 1/N), right only for batch 1.
+    i = cuda.grid(1)
+    if i >= dlogits.size:
+        return
+    classes = dlogits.shape[1]
+    c = i % classes
+    n = i // classes
+    g = math.exp(logprobs[n, c])
+    if c == labels[n]:
+        g -= 1.0
+    dlogits[n, c] = g
+
+
+def _launch(kernel, size):
+    return kernel[K._grid(size)]
+
+
+def test_conv2d_check_catches_missing_padding_check(rng):
+    broken = lambda x, w, b, pad, out: _launch(conv2d_forward_no_padding_check, out.size)(
+        x, w, b, pad, out)
+    with pytest.raises(CheckError, match="conv2d forward"):
+        C.check_conv2d(rng, 1, 2, 2, 5, 6, forward=broken)
+
+
+def test_maxpool_check_catches_unwritten_gradients(rng):
+    broken = lambda dout, arg, dx: _launch(maxpool2x2_backward_scatter, dout.size)(dout, arg, dx)
+    with pytest.raises(CheckError, match="NaN"):
+        C.check_maxpool(rng, 1, 2, 4, 6, backward=broken)
+
+
+def test_batchnorm_check_catches_biased_running_var(rng):
+    def broken(x, gamma, beta, eps, momentum, mean, invstd, rm, rv, xhat, y):
+        _launch(batchnorm_stats_biased_running_var, mean.size)(
+            x, eps, momentum, mean, invstd, rm, rv)
+        K.batchnorm_normalize_naive[K._grid(x.size)](x, mean, invstd, gamma, beta, xhat, y)
+
+    with pytest.raises(CheckError, match="running var"):
+        C.check_batchnorm(rng, 2, 2, 3, 3, forward_train=broken)
+
+
+def test_batchnorm_check_catches_missing_mean_terms(rng):
+    def broken(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
+        K.batchnorm_backward_reduce_naive[K._grid(dgamma.size)](dy, xhat, dgamma, dbeta)
+        _launch(batchnorm_backward_dx_no_mean_terms, dx.size)(
+            dy, xhat, gamma, invstd, dgamma, dbeta, dx)
+
+    with pytest.raises(CheckError, match="batchnorm grad input"):
+        C.check_batchnorm(rng, 2, 2, 3, 3, backward=broken)
+
+
+def test_linear_check_catches_missing_bounds_check(rng):
+    def broken(dy, x, w, dx, dw, db):
+        _launch(linear_grad_weight_no_bounds_check, dw.size)(dy, x, dw)
+        K.linear_grad_bias_naive[K._grid(db.size)](dy, db)
+        K.linear_grad_input_naive[K._grid(dx.size)](dy, w, dx)
+
+    # 3 x 7 = 21 weights: the rest of the 32-thread block (simulator) runs past the end.
+    with pytest.raises((CheckError, IndexError)):
+        C.check_linear(rng, 2, 7, 3, backward=broken)
+
+
+def test_nll_check_catches_missing_mean(rng):
+    broken = lambda lp, y, d: _launch(nll_backward_sum_not_mean, d.size)(lp, y, d)
+    with pytest.raises(CheckError, match="grad logits"):
+        C.check_log_softmax_nll(rng, 4, 5, backward=broken)
+
+
+# ---------------------------------------------------------------------------
+# The NumPy reference against torch.autograd (so the reference can be trusted)
+# ---------------------------------------------------------------------------
+
+REF_TOL = 1e-10
+
+
+def _leaf(a):
+    return torch.tensor(a, dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("k, pad, h, w", [(3, 1, 5, 7), (5, 2, 6, 6), (3, 0, 4, 5)])
+def test_reference_conv2d(rng, k, pad, h, w):
+    x, wt, b = rng.standard_normal((2, 3, h, w)), rng.standard_normal((4, 3, k, k)), \
+        rng.standard_normal(4)
+    out, cache = R.conv2d_forward(x, wt, b, pad)
+    tx, tw, tb = _leaf(x), _leaf(wt), _leaf(b)
+    ref = F.conv2d(tx, tw, tb, padding=pad)
+    dout = rng.standard_normal(out.shape)
+    ref.backward(torch.from_numpy(dout))
+    dx, dw, db = R.conv2d_backward(dout, cache)
+    for got, want, name in ((out, ref.detach(), "out"), (dx, tx.grad, "dx"),
+                            (dw, tw.grad, "dw"), (db, tb.grad, "db")):
+        check(got, want, REF_TOL, f"reference conv2d {name}")
+
+
+def test_reference_batchnorm(rng):
+    x = rng.standard_normal((2, 3, 5, 7)) * 2 + 1
+    g, b = rng.uniform(0.5, 2, 3), rng.standard_normal(3)
+    rm, rv = rng.standard_normal(3), rng.uniform(0.5, 2, 3)
+    y, cache, nm, nv = R.batchnorm_forward_train(x, g, b, rm, rv, 1e-5, 0.1)
+    tx, tg, tb = _leaf(x), _leaf(g), _leaf(b)
+    trm, trv = torch.tensor(rm), torch.tensor(rv)
+    ref = F.batch_norm(tx, trm, trv, tg, tb, training=True, momentum=0.1, eps=1e-5)
+    dy = rng.standard_normal(x.shape)
+    ref.backward(torch.from_numpy(dy))
+    dx, dg, db = R.batchnorm_backward(dy, cache)
+    for got, want, name in ((y, ref.detach(), "y"), (nm, trm, "running mean"),
+                            (nv, trv, "running var"), (dx, tx.grad, "dx"),
+                            (dg, tg.grad, "dgamma"), (db, tb.grad, "dbeta")):
+        check(got, want, REF_TOL, f"reference batchnorm {name}")
+    ev = R.batchnorm_forward_eval(x, g, b, rm, rv, 1e-5)
+    check(ev, F.batch_norm(torch.tensor(x), torch.tensor(rm), torch.tensor(rv),
+                           torch.tensor(g), torch.tensor(b), training=False, eps=1e-5),
+          REF_TOL, "reference batchnorm eval")
+
+
+@pytest.mark.parametrize("h, w", [(4, 6), (5, 7)])
+def test_reference_maxpool_relu_linear_loss(rng, h, w):
+    x = rng.standard_normal((2, 3, h, w))
+    out, cache = R.maxpool2x2_forward(x)
+    tx = _leaf(x)
+    ref = F.max_pool2d(tx, 2)
+    dout = rng.standard_normal(out.shape)
+    ref.backward(torch.from_numpy(dout))
+    check(out, ref.detach(), REF_TOL, "reference maxpool")
+    check(R.maxpool2x2_backward(dout, cache), tx.grad, REF_TOL, "reference maxpool backward")
+
+    r, rc = R.relu_forward(x)
+    check(r, F.relu(torch.tensor(x)), REF_TOL, "reference relu")
+    check(R.relu_backward(x + 5, rc), (x + 5) * (x > 0), REF_TOL, "reference relu backward")
+
+    a, wt, b = rng.standard_normal((3, 7)), rng.standard_normal((4, 7)), rng.standard_normal(4)
+    ta, tw, tb = _leaf(a), _leaf(wt), _leaf(b)
+    ref = F.linear(ta, tw, tb)
+    dy = rng.standard_normal((3, 4))
+    ref.backward(torch.from_numpy(dy))
+    y, lc = R.linear_forward(a, wt, b)
+    check(y, ref.detach(), REF_TOL, "reference linear")
+    for got, want, name in zip(R.linear_backward(dy, lc), (ta.grad, tw.grad, tb.grad),
+                               ("dx", "dw", "db")):
+        check(got, want, REF_TOL, f"reference linear {name}")
+
+    logits, labels = rng.standard_normal((5, 4)) * 10, rng.integers(0, 4, 5)
+    tl = _leaf(logits)
+    ref = F.cross_entropy(tl, torch.from_numpy(labels))
+    ref.backward()
+    loss, cc = R.log_softmax_nll_forward(logits, labels)
+    check(np.array([loss]), ref.detach().reshape(1), REF_TOL, "reference nll")
+    check(R.log_softmax_nll_backward(cc), tl.grad, REF_TOL, "reference nll backward")
+
+
+def test_reference_train_step_matches_twin(rng):
+    cfg = NetConfig(in_channels=2, height=8, width=4, c1=3, c2=2, hidden=5, num_classes=3)
+    state = init_params(cfg, seed=3)
+    x = rng.standard_normal((3, 2, 8, 4))
+    y = rng.integers(0, 3, 3)
+    loss, new_params, new_buffers = R.reference_train_step(state, x, y, 0.2, cfg)
+    twin = TorchCNN.from_state_dict(cfg, state, dtype=torch.float64)
+    opt = torch.optim.SGD(twin.parameters(), lr=0.2)
+    from final_project.torch_twin import torch_train_step
+
+    tloss = torch_train_step(twin, opt, torch.from_numpy(x), torch.from_numpy(y))
+    assert abs(loss - float(tloss)) <= REF_TOL * abs(float(tloss))
+    tstate = twin.state_dict()
+    for name, value in {**new_params, **new_buffers}.items():
+        check(value, tstate[name], REF_TOL, f"reference step {name}")
+    logits, _, _ = R.reference_forward({**new_params, **new_buffers}, x, cfg, training=False)
+    with torch.no_grad():
+        check(logits, twin.eval()(torch.from_numpy(x)), REF_TOL, "reference eval forward")
