@@ -12,7 +12,9 @@ once, at its own import.
 * ``python -m common.progress`` -- which exercises pass.
 """
 
+# isort: off
 from .runtime import RUNTIME, ceil_div, is_simulator, jit, pick, runtime_name  # noqa: F401  (first)
 from .checking import CheckError, check, guarded, poisoned, random_array, rel_error  # noqa: F401
 from .timing import Timing, benchmark, device_peaks, format_table  # noqa: F401
 from .exercises import import_sibling, load_chapter_module  # noqa: F401
+# isort: on

@@ -20,8 +20,9 @@ Two habits make wrong kernels fail instead of passing by luck:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

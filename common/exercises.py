@@ -27,9 +27,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS_DIR = REPO_ROOT / "chapters"

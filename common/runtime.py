@@ -26,7 +26,8 @@ import inspect
 import os
 import sys
 import threading
-from typing import Any, Iterator, TypeVar
+from collections.abc import Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -156,6 +157,7 @@ def jit(func_or_sig: Any = None, **options: Any) -> Any:
 
 _interleave_depth = 0
 _interleave_lock = threading.Lock()
+_shared_alloc_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -224,9 +226,9 @@ def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> 
 
 
 def _install_simulator_checks() -> None:
+    import numpy as np
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi as sim_api
-    import numpy as np
 
     kernel_cls = sim_kernel.FakeCUDAKernel
     if getattr(kernel_cls, "_course_checks", False):
@@ -273,6 +275,13 @@ def _install_simulator_checks() -> None:
             return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
         frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)
+        # The simulator's own version checks and creates without a lock: with
+        # fine thread switching two threads of a block could each create
+        # "their" shared array and never see each other's writes.
+        with _shared_alloc_lock:
+            return _get_or_create(self, caller, shape, dtype)
+
+    def _get_or_create(self: Any, caller: tuple[str, int], shape: Any, dtype: Any) -> Any:
         res = self._allocations.get(caller)
         if res is None:
             res = np.empty(shape, dtype)

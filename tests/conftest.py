@@ -3,10 +3,10 @@ simulator every test runs with simulated threads interleaving finely, so races
 (a missing cuda.syncthreads, a `+=` that needed cuda.atomic.add) show up."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+from common.runtime import interleaved_threads, is_simulator
+
 import numpy as np
 import pytest
-
-from common.runtime import interleaved_threads, is_simulator
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,370 @@
+"""Tests of the foundation: runtime selection, launch checks, checking, timing, loaders."""
+
+import common  # noqa: F401  (first)
+from common import checking, runtime, timing
+from common.checking import CheckError, check, guarded, poisoned, random_array, rel_error
+from common.exercises import REPO_ROOT, Implementation, load_chapter_module
+from common.runtime import LaunchConfigError, ceil_div, check_launch, is_simulator, jit, pick
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from numba import cuda
+
+sim_only = pytest.mark.skipif(not is_simulator(), reason="simulator behaviour")
+
+
+# ---------------------------------------------------------------- runtime
+
+
+def test_runtime_is_consistent_with_numba():
+    assert runtime.runtime_name() in ("gpu", "simulator")
+    assert is_simulator() == (os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"))
+    from numba.cuda import config
+
+    assert bool(config.ENABLE_CUDASIM) == is_simulator()
+
+
+def test_pick_follows_runtime():
+    assert pick(gpu="big", simulator="small") == ("small" if is_simulator() else "big")
+
+
+@pytest.mark.parametrize("a,b,want", [(1, 1, 1), (1, 128, 1), (128, 128, 1), (129, 128, 2), (0, 7, 0), (1000, 3, 334)])
+def test_ceil_div(a, b, want):
+    assert ceil_div(a, b) == want
+
+
+def test_ceil_div_rejects_zero_divisor():
+    with pytest.raises(ValueError):
+        ceil_div(3, 0)
+
+
+def test_subprocess_without_gpu_selects_simulator_and_says_so():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if runtime._driver_gpu_count() > 0:
+        pytest.skip("this machine has a GPU")
+    out = subprocess.run(
+        [sys.executable, "-c", "import common; print(common.runtime_name())"],
+        env=env, capture_output=True, text=True, cwd=REPO_ROOT, check=True,
+    )
+    assert out.stdout.strip() == "simulator"
+    assert "simulator" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@jit(lineinfo=True, max_registers=40, fastmath=False)
+def _add_kernel(a, b, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a[i] + b[i]
+
+
+def test_jit_accepts_gpu_only_options_in_both_runtimes(rng):
+    n = 300
+    a, b = random_array(n, rng=rng), random_array(n, rng=rng)
+    out = poisoned(n)
+    _add_kernel[ceil_div(n, 64), 64](a, b, out)
+    check(out, a.astype(np.float64) + b, tol=1e-7)
+
+
+@pytest.mark.parametrize("grid,block", [(1, 1025), (1, (32, 33)), (1, (1, 1, 65)), (0, 32), (1, 0), (1, (2048,))])
+def test_check_launch_rejects_what_a_gpu_rejects(grid, block):
+    with pytest.raises(LaunchConfigError):
+        check_launch(grid, block)
+
+
+@pytest.mark.parametrize("grid,block", [(1, 1024), ((3, 2), (32, 32)), (1, (1, 1, 64)), (70000, 128)])
+def test_check_launch_accepts_valid_shapes(grid, block):
+    check_launch(grid, block)
+
+
+@sim_only
+def test_simulator_refuses_too_many_threads_per_block():
+    with pytest.raises(LaunchConfigError, match="1024"):
+        _add_kernel[1, (64, 32)](np.ones(1), np.ones(1), np.ones(1))
+
+
+@cuda.jit
+def _too_much_shared(out):
+    # 2 x 6400 float32 = 51,200 bytes: over the 48 KiB static limit only together.
+    s1 = cuda.shared.array(6400, dtype=np.float32)
+    s2 = cuda.shared.array(6400, dtype=np.float32)
+    s1[0] = 1.0
+    s2[0] = 2.0
+    out[0] = s1[0] + s2[0]
+
+
+@cuda.jit
+def _two_shared_arrays(out):
+    # Two arrays on two lines must stay distinct (the simulator keys by line).
+    s1 = cuda.shared.array(4, dtype=np.float32)
+    s2 = cuda.shared.array(4, dtype=np.float32)
+    t = cuda.threadIdx.x
+    s1[t] = t
+    s2[t] = 10 * t
+    cuda.syncthreads()
+    out[t] = s1[3 - t] + s2[t]
+
+
+@sim_only
+def test_simulator_refuses_more_than_48k_shared_memory():
+    with pytest.raises(LaunchConfigError, match="shared memory"):
+        _too_much_shared[1, 1](poisoned(1))
+
+
+def test_shared_arrays_on_different_lines_do_not_alias():
+    out = poisoned(4)
+    _two_shared_arrays[1, 4](out)
+    np.testing.assert_array_equal(out.copy_to_host(), [3 + 0, 2 + 10, 1 + 20, 0 + 30])
+
+
+# ---------------------------------------------------------------- checking
+
+
+def test_rel_error_and_check(rng):
+    ref = random_array((7, 5), np.float64, rng)
+    assert rel_error(ref.astype(np.float32), ref) < 1e-7
+    assert check(ref.astype(np.float32), ref) < 1e-7
+    bad = ref.copy()
+    bad[3, 2] += 1.0
+    with pytest.raises(CheckError, match=r"first mismatch at index \(3, 2\)"):
+        check(bad, ref)
+
+
+def test_check_reports_unwritten_elements(rng):
+    ref = random_array(10, np.float64, rng)
+    out = ref.copy()
+    out[4:] = np.nan
+    with pytest.raises(CheckError, match="6 of 10 elements are NaN"):
+        check(out, ref, tol=1e-3)
+
+
+def test_check_integers_exactly():
+    with pytest.raises(CheckError, match="1 of 3 elements differ"):
+        check(np.array([1, 2, 4]), np.array([1, 2, 3]))
+    assert check(np.array([1, 2, 3], np.int32), np.array([1, 2, 3])) == 0.0
+
+
+def test_check_rejects_shape_mismatch_and_zero_reference():
+    with pytest.raises(CheckError, match="shape"):
+        check(np.ones(3), np.ones(4))
+    with pytest.raises(ValueError, match="all zeros"):
+        rel_error(np.zeros(3), np.zeros(3))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8])
+def test_poisoned_is_poison(dtype):
+    host = poisoned((3, 4), dtype).copy_to_host()
+    assert host.shape == (3, 4) and host.dtype == dtype
+    if np.dtype(dtype).kind == "f":
+        assert np.isnan(host).all()
+    else:
+        assert (host == checking.poison_value(dtype)).all()
+
+
+def test_random_array_never_all_zero(rng):
+    for dtype in (np.float32, np.int32, np.uint8):
+        assert np.any(random_array(50, dtype, rng) != 0)
+
+
+@cuda.jit
+def _copy_no_bounds_check(src, out):
+    i = cuda.grid(1)
+    out[i] = src[i % src.size]  # BUG: threads past the end write too
+
+
+@cuda.jit
+def _copy_with_bounds_check(src, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = src[i]
+
+
+def test_guarded_accepts_a_correct_kernel(rng):
+    n = 100
+    src = random_array(n, rng=rng)
+    g = guarded(n)
+    _copy_with_bounds_check[ceil_div(n, 32), 32](src, g.array)
+    g.check_untouched()
+    check(g.array, src)
+
+
+def test_guarded_nd_shape(rng):
+    g = guarded((3, 5), np.float64)
+    assert g.array.shape == (3, 5)
+    assert g.outside_untouched()
+
+
+def test_guarded_catches_missing_bounds_check(rng):
+    # GPU: the stray writes land in the guard cells; simulator: IndexError.
+    n = 100
+    src = random_array(n, rng=rng)
+    g = guarded(n)
+    with pytest.raises((CheckError, IndexError)):
+        _copy_no_bounds_check[ceil_div(n, 32), 32](src, g.array)
+        cuda.synchronize()
+        g.check_untouched()
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_benchmark_in_this_runtime(rng):
+    calls = []
+    t = timing.benchmark(lambda: calls.append(1), "noop", nbytes=100, warmup=2, repeats=3)
+    if is_simulator():
+        assert not t.measured and len(calls) == 1 and t.gbps is None
+        assert timing.SIMULATOR_NOTE in timing.format_table([t])
+    else:
+        assert t.measured and len(calls) == 1 + 2 + 3 and t.median_ms >= 0
+
+
+def test_timing_rates_from_bytes_and_flops():
+    t = timing.Timing("x", median_ms=2.0, nbytes=4_000_000_000, flops=6_000_000_000_000,
+                      peak_gbps=4000.0, peak_tflops=50.0)
+    assert t.gbps == pytest.approx(2000.0)
+    assert t.fraction_of_copy_peak == pytest.approx(0.5)
+    assert t.tflops == pytest.approx(3000.0)
+    assert t.fraction_of_sgemm_peak == pytest.approx(60.0)
+    table = timing.format_table([t], title="T")
+    assert "2000.0" in table and "50.0" in table
+
+
+def test_benchmark_rejects_bad_counts():
+    with pytest.raises(ValueError):
+        timing.benchmark(lambda: None, "x", repeats=0)
+
+
+def test_write_json(tmp_path):
+    t = timing.Timing("v", median_ms=1.0, nbytes=1_000_000)
+    timing.write_json([t], tmp_path / "r.json", device="test")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["meta"]["device"] == "test" and data["results"][0]["gbps"] == pytest.approx(1.0)
+
+
+@pytest.mark.gpu
+def test_device_peaks_are_plausible():
+    peaks = timing.device_peaks()
+    assert 100 < peaks["copy_gbps"] < 20_000
+    assert peaks["sgemm_tflops"] is None or 1 < peaks["sgemm_tflops"] < 200
+
+
+# ---------------------------------------------------------------- harness
+
+
+def test_run_versions_checks_every_version(rng):
+    from common.harness import run_versions
+
+    n = 70
+    a = random_array(n, rng=rng)
+    b = random_array(n, rng=rng)
+    good = lambda out: _add_kernel[ceil_div(n, 32), 32](a, b, out)
+    res = run_versions({"good": good}, a.astype(np.float64) + b, n, tol=1e-6,
+                       nbytes=12 * n, repeats=2, warmup=1, print_table=False)
+    assert res[0].extra["rel_error"] < 1e-6
+    half = lambda out: _add_kernel[1, 32](a, b, out)  # covers only 32 of 70
+    with pytest.raises(CheckError, match="NaN"):
+        run_versions({"half": half}, a.astype(np.float64) + b, n, print_table=False)
+
+
+# ---------------------------------------------------------------- exercises & loaders
+
+
+def test_load_chapter_module_errors_name_the_chapters():
+    with pytest.raises(FileNotFoundError, match="chapters are"):
+        load_chapter_module("99_nope", "x")
+
+
+def test_implementation_turns_not_implemented_into_skip(tmp_path, monkeypatch):
+    chapter = tmp_path / "chapters" / "98_demo"
+    chapter.mkdir(parents=True)
+    (chapter / "exercises.py").write_text("def f(x):\n    raise NotImplementedError('do it')\n")
+    monkeypatch.setattr("common.exercises.CHAPTERS_DIR", tmp_path / "chapters")
+    impl = Implementation("98_demo", "exercises")
+    with pytest.raises(pytest.skip.Exception, match="not attempted yet"):
+        impl.f(1)
+    sys.modules.pop("chapters.98_demo.exercises", None)
+
+
+# ---------------------------------------------------------------- packaging, docs, doctor
+
+
+def _requirement_names(reqs):
+    import re
+
+    return {re.split(r"[\s<>=!\[;]", r.strip(), maxsplit=1)[0].lower() for r in reqs}
+
+
+def _environment_yml_packages(text):
+    """Package names in environment.yml's dependencies, conda and pip alike."""
+    names, in_deps = set(), False
+    for line in text.splitlines():
+        item = line.split("#")[0].rstrip()
+        if item and not item.startswith(" "):
+            in_deps = item.startswith("dependencies:")
+        elif in_deps and item.strip().startswith("- ") and not item.endswith(":"):
+            names.add(item.strip()[2:].strip())
+    return _requirement_names(names)
+
+
+CONDA_TO_PIP = {"pytorch": "torch"}
+
+
+def test_environment_yml_matches_pyproject():
+    import tomllib
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    pip_names = _requirement_names(project["dependencies"] + project["optional-dependencies"]["dev"])
+    conda = _environment_yml_packages((REPO_ROOT / "environment.yml").read_text())
+    conda = {CONDA_TO_PIP.get(n, n) for n in conda} - {"python", "pip"}
+    assert conda == pip_names, f"only in environment.yml: {conda - pip_names}; only in pyproject: {pip_names - conda}"
+
+
+def test_numpy_pin_excludes_2_5():
+    import tomllib
+
+    deps = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.replace(" ", "").startswith("numpy") and "<2.5" in d for d in deps)
+
+
+def test_readme_code_blocks_match_the_code():
+    from common import readme_sync
+
+    problems = []
+    for readme in readme_sync.all_readmes():
+        problems += readme_sync.sync_readme(readme, write=False)
+    assert not problems, "\n".join(problems) + "\nrun: python -m common.readme_sync"
+
+
+def test_readme_sync_extracts_decorated_functions(tmp_path):
+    from common import readme_sync
+
+    src = tmp_path / "k.py"
+    src.write_text("import x\n\n@deco\ndef f(a):\n    return a\n\n\ndef g():\n    pass\n")
+    assert readme_sync.extract(src, "f") == "@deco\ndef f(a):\n    return a"
+    with pytest.raises(LookupError):
+        readme_sync.extract(src, "h")
+
+
+def test_doctor_runs_and_recognises_known_breakages(capsys):
+    from common import doctor
+
+    assert doctor.report() == 0
+    out = capsys.readouterr().out
+    assert f"runtime: {runtime.runtime_name()}" in out and "test kernel (vector add, 1000 elements): ok" in out
+    found = doctor.static_findings({"numpy": "2.5.1", "numba-cuda": "0.30.4"})
+    assert any("numpy>=2.0,<2.5" in f.fix for f in found)
+    found = doctor.static_findings({"numpy": "2.4.0", "numba-cuda": None})
+    assert any("numba-cuda" in f.fix for f in found)
+    ptx = doctor._classify(RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain"))
+    assert "driver" in ptx.fix
+    assert "row_stack" in doctor._classify(AttributeError("module 'numpy' has no attribute 'row_stack'")).problem
+
+
+def test_doctor_command_exit_status():
+    out = subprocess.run([sys.executable, "-m", "common.doctor"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verdict: ready" in out.stdout
