@@ -1,0 +1,152 @@
+"""Chapter 08 solutions. Same functions as exercises.py, done; the tests check both."""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import numpy as np
+from numba import cuda, float32
+
+from common import ceil_div
+
+_CACHE = {}
+
+
+def _operands(a, b, c):
+    for name, x in (("a", a), ("b", b), ("c", c)):
+        if len(x.shape) != 2 or np.dtype(x.dtype) != np.float32:
+            raise TypeError(f"{name} must be a 2-D float32 device array, got {x.shape} {x.dtype}")
+    if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
+        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}")
+
+
+# ---------------------------------------------------------------- Exercise 8.1
+
+
+def make_tiled_kernel(TILE):
+    @cuda.jit
+    def matmul_tiled(a, b, c):
+        a_tile = cuda.shared.array((TILE, TILE), float32)
+        b_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        m, kk = a.shape
+        n = b.shape[1]
+        acc = float32(0.0)
+        for k0 in range(0, kk, TILE):
+            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
+            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
+            cuda.syncthreads()
+            for k in range(TILE):
+                acc += a_tile[ty, k] * b_tile[k, tx]
+            cuda.syncthreads()
+        if row < m and col < n:
+            c[row, col] = acc
+
+    return matmul_tiled
+
+
+def matmul_tiled(a, b, c, tile=16):
+    """Exercise 8.1: C = A @ B with TILE x TILE tiles staged in shared memory.
+
+    a: (M, K), b: (K, N), c: (M, N) float32 device arrays, any sizes >= 1.
+    Launch: blocks of (tile, tile) threads, grid (ceil(N / tile), ceil(M / tile)),
+    thread (x, y) of block (bx, by) owns C[by * tile + y, bx * tile + x].
+    Out-of-range tile cells are loaded as 0; syncthreads after loading a tile
+    and again before overwriting it. Raises TypeError/ValueError on bad operands.
+    """
+    _operands(a, b, c)
+    key = ("tiled", tile)
+    if key not in _CACHE:
+        _CACHE[key] = make_tiled_kernel(tile)
+    m, n = c.shape
+    _CACHE[key][(ceil_div(n, tile), ceil_div(m, tile)), (tile, tile)](a, b, c)
+
+
+# ---------------------------------------------------------------- Exercise 8.2
+
+
+def make_register_tile_kernel(BM, BN, BK, TM, TN):
+    TX, TY = BN // TN, BM // TM
+    THREADS = TX * TY
+
+    @cuda.jit
+    def matmul_register_tile(a, b, c):
+        a_tile = cuda.shared.array((BM, BK), float32)
+        b_tile = cuda.shared.array((BK, BN), float32)
+        acc = cuda.local.array((TM, TN), float32)
+        a_frag = cuda.local.array(TM, float32)
+        b_frag = cuda.local.array(TN, float32)
+        tid = cuda.threadIdx.x
+        tx, ty = tid % TX, tid // TX
+        m, kk = a.shape
+        n = b.shape[1]
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = 0.0
+        for k0 in range(0, kk, BK):
+            for idx in range(tid, BM * BK, THREADS):
+                r, q = idx // BK, idx % BK
+                ok = row0 + r < m and k0 + q < kk
+                a_tile[r, q] = a[row0 + r, k0 + q] if ok else float32(0.0)
+            for idx in range(tid, BK * BN, THREADS):
+                r, q = idx // BN, idx % BN
+                ok = k0 + r < kk and col0 + q < n
+                b_tile[r, q] = b[k0 + r, col0 + q] if ok else float32(0.0)
+            cuda.syncthreads()
+            for k in range(BK):
+                for i in range(TM):
+                    a_frag[i] = a_tile[ty * TM + i, k]
+                for j in range(TN):
+                    b_frag[j] = b_tile[k, tx * TN + j]
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i, j] += a_frag[i] * b_frag[j]
+            cuda.syncthreads()
+        for i in range(TM):
+            for j in range(TN):
+                row, col = row0 + ty * TM + i, col0 + tx * TN + j
+                if row < m and col < n:
+                    c[row, col] = acc[i, j]
+
+    return matmul_register_tile
+
+
+def matmul_register_tile(a, b, c, bm=16, bn=16, bk=4, tm=4, tn=4):
+    """Exercise 8.2: C = A @ B, each thread a tm x tn register tile (outer products).
+
+    a: (M, K), b: (K, N), c: (M, N) float32 device arrays, any sizes >= 1.
+    A block of (bm // tm) * (bn // tn) threads (1-D) computes the bm x bn tile
+    of C at block (bx, by) = (column tile, row tile); thread t has
+    tx = t % (bn // tn), ty = t // (bn // tn) and owns rows ty * tm .. + tm and
+    columns tx * tn .. + tn of that tile. Per BK-slice: all threads load the
+    (bm, bk) A tile and (bk, bn) B tile into shared memory (0 outside the
+    matrices), sync, then for each k load tm values of A and tn of B into
+    registers and do tm * tn FMAs. Raises ValueError if tm, tn do not divide bm, bn.
+    """
+    _operands(a, b, c)
+    if bm % tm or bn % tn:
+        raise ValueError(f"tm={tm} must divide bm={bm} and tn={tn} must divide bn={bn}")
+    key = ("regtile", bm, bn, bk, tm, tn)
+    if key not in _CACHE:
+        _CACHE[key] = make_register_tile_kernel(bm, bn, bk, tm, tn)
+    m, n = c.shape
+    threads = (bm // tm) * (bn // tn)
+    _CACHE[key][(ceil_div(n, bn), ceil_div(m, bm)), threads](a, b, c)
+
+
+# ---------------------------------------------------------------- Exercise 8.3
+
+
+def arithmetic_intensity(bm, bn, bk):
+    """Exercise 8.3: FLOP per byte of global memory traffic of one block-tiled SGEMM step.
+
+    One block computes a bm x bn tile of C; per K-slice of width bk it loads a
+    (bm, bk) tile of A and a (bk, bn) tile of B (float32: 4 bytes each) and does
+    bm * bn * bk FMAs (2 FLOP each). Returns FLOP / byte as a float; the tile of
+    C itself is ignored (written once at the end). E.g. 32 x 32 x 32 -> 8.0.
+    Raises ValueError for a size < 1.
+    """
+    if min(bm, bn, bk) < 1:
+        raise ValueError("tile sizes must be >= 1")
+    return 2 * bm * bn * bk / (4 * (bm * bk + bk * bn))

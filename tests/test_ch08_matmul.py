@@ -1,0 +1,200 @@
+"""Chapter 08: the SGEMM progression and its exercises, at simulator sizes."""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import numpy as np
+import pytest
+from numba import cuda, float32
+
+from common import ceil_div
+from common.checking import CheckError, check, guarded, random_array
+from common.exercises import implementations, load_chapter_module
+
+CHAPTER = "08_faster_matmul"
+mm = load_chapter_module(CHAPTER, "matmul")
+
+# M, N, K: not multiples of any tile, one element, thin shapes.
+SHAPES = [(17, 13, 9), (1, 1, 1), (5, 19, 2)]
+
+
+def _operands(m, n, k, rng):
+    a_h = random_array((m, k), np.float32, rng)
+    b_h = random_array((k, n), np.float32, rng)
+    return a_h, b_h, cuda.to_device(a_h), cuda.to_device(b_h)
+
+
+def _run_checked(matmul, m, n, k, rng, **kw):
+    a_h, b_h, a, b = _operands(m, n, k, rng)
+    out = guarded((m, n), np.float32)
+    matmul(a, b, out.array, **kw)
+    check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5, name=f"{m}x{n}x{k} {kw}")
+    out.check_untouched()
+
+
+# ----------------------------------------------------------------- exercises
+
+
+def check_matmul_tiled(fn, rng):
+    for m, n, k in SHAPES + [tuple(int(x) for x in rng.integers(2, 14, 3))]:
+        for tile in (4, 3):
+            _run_checked(fn, m, n, k, rng, tile=tile)
+
+
+def check_matmul_register_tile(fn, rng):
+    shapes = [(17, 13, 9), (1, 1, 1), tuple(int(x) for x in rng.integers(2, 20, 3))]
+    for m, n, k in shapes:
+        for bm, bn, bk, tm, tn in ((8, 8, 4, 2, 2), (16, 8, 3, 4, 2)):
+            _run_checked(fn, m, n, k, rng, bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
+
+
+def check_arithmetic_intensity(fn):
+    assert fn(32, 32, 32) == pytest.approx(8.0)
+    for bm, bn, bk in ((128, 128, 8), (64, 32, 16), (1, 1, 1)):
+        assert fn(bm, bn, bk) == pytest.approx(bm * bn / (2 * (bm + bn)))
+    with pytest.raises(ValueError):
+        fn(0, 4, 4)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_matmul_tiled(impl, rng):
+    check_matmul_tiled(impl.matmul_tiled, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_matmul_register_tile(impl, rng):
+    check_matmul_register_tile(impl.matmul_register_tile, rng)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_arithmetic_intensity(impl):
+    check_arithmetic_intensity(impl.arithmetic_intensity)
+
+
+@pytest.mark.parametrize("impl", implementations(CHAPTER))
+def test_bad_operands_are_refused(impl, rng):
+    a = cuda.to_device(random_array((4, 3), np.float32, rng))
+    b64 = cuda.to_device(random_array((3, 5), np.float64, rng))
+    c = cuda.device_array((4, 5), np.float32)
+    with pytest.raises(TypeError):
+        impl.matmul_tiled(a, b64, c)
+    with pytest.raises(ValueError):
+        impl.matmul_tiled(a, cuda.to_device(random_array((4, 5), np.float32, rng)), c)
+
+
+# ------------------------------------------- broken kernels must fail the checks
+
+
+def _tiled_without_sync(TILE):
+    @cuda.jit
+    def matmul_tiled_no_sync(a, b, c):
+        a_tile = cuda.shared.array((TILE, TILE), float32)
+        b_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        m, kk = a.shape
+        n = b.shape[1]
+        acc = float32(0.0)
+        for k0 in range(0, kk, TILE):
+            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
+            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
+            for k in range(TILE):  # no syncthreads before or after: reads race the loads
+                acc += a_tile[ty, k] * b_tile[k, tx]
+        if row < m and col < n:
+            c[row, col] = acc
+
+    return matmul_tiled_no_sync
+
+
+def _tiled_without_bounds(TILE):
+    @cuda.jit
+    def matmul_tiled_no_bounds(a, b, c):
+        a_tile = cuda.shared.array((TILE, TILE), float32)
+        b_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        acc = float32(0.0)
+        for k0 in range(0, a.shape[1], TILE):
+            a_tile[ty, tx] = a[row, k0 + tx]  # no bounds checks anywhere
+            b_tile[ty, tx] = b[k0 + ty, col]
+            cuda.syncthreads()
+            for k in range(TILE):
+                acc += a_tile[ty, k] * b_tile[k, tx]
+            cuda.syncthreads()
+        c[row, col] = acc
+
+    return matmul_tiled_no_bounds
+
+
+def _as_launcher(kernel):
+    def launch(a, b, c, tile):
+        m, n = c.shape
+        kernel[(ceil_div(n, tile), ceil_div(m, tile)), (tile, tile)](a, b, c)
+
+    return launch
+
+
+def test_tiled_without_syncthreads_fails(rng):
+    with pytest.raises(CheckError):
+        for _ in range(3):  # a race shows up with high probability on each try
+            check_matmul_tiled(_as_launcher(_tiled_without_sync(4)), rng)
+
+
+def test_tiled_without_bounds_check_fails(rng):
+    with pytest.raises((CheckError, IndexError)):
+        check_matmul_tiled(_as_launcher(_tiled_without_bounds(4)), rng)
+
+
+def test_register_tile_with_wrong_fragment_fails(rng):
+    sol = load_chapter_module(CHAPTER, "solutions")
+    good = sol.make_register_tile_kernel
+
+    def launch(a, b, c, bm, bn, bk, tm, tn):
+        # A "register tile" with TN = 1 launched as if it were tn wide: most
+        # columns are never written and keep their NaN poison.
+        k = good(bm, bn, bk, tm, 1)
+        m, n = c.shape
+        k[(ceil_div(n, bn), ceil_div(m, bm)), (bm // tm) * (bn // tn)](a, b, c)
+
+    with pytest.raises(CheckError):
+        check_matmul_register_tile(launch, rng)
+
+
+# ------------------------------------------------- the chapter script, every version
+
+
+@pytest.mark.parametrize("m, n, k", [(17, 13, 9), (1, 1, 1), (21, 34, 5)])
+def test_every_script_version_matches_float64(m, n, k, rng):
+    a_h, b_h, a, b = _operands(m, n, k, rng)
+    ref = mm.matmul_reference(a_h, b_h)
+    versions = dict(mm.gpu_versions())
+    versions["10 tuned"] = (lambda a, b, c: mm.matmul_best(a, b, c), None)
+    for name, (launch, _) in versions.items():
+        out = guarded((m, n), np.float32)
+        launch(a, b, out.array)
+        check(out.array, ref, tol=1e-5, name=name)
+        out.check_untouched(name)
+
+
+def test_python_loops_match_numpy(rng):
+    a = random_array((3, 4), np.float32, rng)
+    b = random_array((4, 2), np.float32, rng)
+    np.testing.assert_allclose(mm.matmul_python_loops(a, b), mm.matmul_reference(a, b))
+
+
+def test_matmul_best_refuses_bad_operands(rng):
+    a = cuda.to_device(random_array((4, 3), np.float32, rng))
+    with pytest.raises(TypeError):
+        mm.matmul_best(a, cuda.to_device(random_array((3, 5), np.float64, rng)),
+                       cuda.device_array((4, 5), np.float32))
+    with pytest.raises(ValueError):
+        mm.matmul_best(a, cuda.to_device(random_array((2, 5), np.float32, rng)),
+                       cuda.device_array((4, 5), np.float32))
+
+
+def test_script_main_runs(tmp_path):
+    results = mm.main(["--sizes", "9x7x5", "--out", str(tmp_path)])
+    assert (tmp_path / "matmul.json").exists()
+    names = [r.name for res in results.values() for r in res]
+    assert any(nm.startswith("10 autotuned") for nm in names)
+    assert any(nm.startswith("9 double buffered") for nm in names)
