@@ -43,7 +43,7 @@ EXPLAINED = [
     ("MEMORY_CLOCK_RATE", "kHz", "memory clock; with the bus width gives the theoretical bandwidth"),
     ("GLOBAL_MEMORY_BUS_WIDTH", "bits", "memory bus width"),
     ("theoretical_bandwidth_gbps", "GB/s", "2 x memory clock x bus width / 8: a ceiling no copy reaches"),
-    ("ASYNC_ENGINE_COUNT", "engines", "copy engines: transfers can overlap kernels (chapter on streams)"),
+    ("ASYNC_ENGINE_COUNT", "engines", "copy engines: host<->device copies can overlap kernels (streams)"),
     ("CONCURRENT_KERNELS", "bool", "kernels from different streams may run at the same time"),
     ("UNIFIED_ADDRESSING", "bool", "host and device share one virtual address space"),
     ("ECC_ENABLED", "bool", "error-correcting memory on (costs a little bandwidth on some GPUs)"),
