@@ -14,6 +14,7 @@ interleaved (a missing ``cuda.syncthreads`` shows). Solutions: solutions.py.
 All inputs and outputs are Numba device arrays (``cuda.to_device``).
 """
 
+# ruff: noqa: F841, B007  (stubs leave variables for the learner to use)
 import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 
 import math  # noqa: F401  (6.10 needs math.exp)

@@ -1,0 +1,475 @@
+"""Chapter 06 exercises: hostile checks, run on the solutions and on yours.
+
+Each ``check_*`` takes the exercise's host function and raises (CheckError,
+IndexError, AssertionError) on a wrong kernel. The ``test_broken_*`` tests prove
+the checks bite: a kernel missing a barrier, a bounds check or an atomic fails.
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+
+import math
+
+import numpy as np
+import pytest
+from numba import cuda, float32, int32
+
+from common.checking import CheckError, check, guarded, hostile_sizes, random_array
+from common.exercises import implementations, load_chapter_module
+from common.runtime import ceil_div
+
+sol = load_chapter_module("06_memory", "solutions")
+BLOCK, TILE, ROWS, NBINS, RADIUS = sol.BLOCK, sol.TILE, sol.ROWS, sol.NBINS, sol.RADIUS
+ZERO, ONE_I32, NEG_INF = sol.ZERO, sol.ONE_I32, sol.NEG_INF
+FAILS = (CheckError, IndexError, AssertionError)
+IMPLS = implementations("06_memory")
+
+
+def with_junk_after(host: np.ndarray, junk: float = 1e6):
+    """A device view of ``host`` followed (in the same allocation) by large junk,
+    so a kernel reading past the end gets a visibly wrong value on a GPU too."""
+    buf = np.concatenate([host, np.full(4 * BLOCK, junk, dtype=host.dtype)])
+    return cuda.to_device(buf)[: host.size]
+
+
+# ---------------------------------------------------------------- checks
+def check_shift_left(fn, rng):
+    for n in [2] + [max(n, 2) for n in hostile_sizes(BLOCK, rng)]:
+        x = random_array(n, np.float32, rng)
+        out = guarded(n - 1)
+        fn(cuda.to_device(x), out.array)
+        check(out.array, x[1:].astype(np.float64), tol=0.0, name=f"shift_left n={n}")
+        out.check_untouched()
+
+
+def check_block_sums(fn, rng):
+    for n in hostile_sizes(BLOCK, rng):
+        x = random_array(n, np.float32, rng)
+        nb = ceil_div(n, BLOCK)
+        ref = np.array([x[b * BLOCK:(b + 1) * BLOCK].astype(np.float64).sum() for b in range(nb)])
+        out = guarded(nb)
+        fn(with_junk_after(x), out.array)
+        check(out.array, ref, tol=1e-5, name=f"block_sums n={n}")
+        out.check_untouched()
+
+
+def check_dot(fn, rng):
+    for n in hostile_sizes(BLOCK, rng):
+        for blocks in (1, 3):
+            a = random_array(n, np.float32, rng, 0.5, 1.5)
+            b = random_array(n, np.float32, rng, 0.5, 1.5)
+            out = guarded(1)
+            fn(with_junk_after(a), with_junk_after(b), out.array, blocks=blocks)
+            ref = np.array([(a.astype(np.float64) * b).sum()])
+            check(out.array, ref, tol=1e-5, name=f"dot n={n} blocks={blocks}")
+            out.check_untouched()
+
+
+def check_argmax(fn, rng):
+    for n in hostile_sizes(BLOCK, rng):
+        x = rng.integers(-5, 6, n).astype(np.float32)  # many ties: the first index must win
+        value, index = fn(with_junk_after(x, junk=1e9))
+        assert (value, index) == (float(x.max()), int(np.argmax(x))), (
+            f"argmax n={n}: got ({value}, {index}), expected ({x.max()}, {np.argmax(x)})")
+
+
+def check_transpose(fn, rng):
+    shapes = [(1, 1), (TILE - 1, TILE + 1), (2 * TILE + 3, TILE + 5),
+              (int(rng.integers(1, 3 * TILE)), int(rng.integers(1, 3 * TILE)))]
+    for rows, cols in shapes:
+        a = random_array((rows, cols), np.float32, rng)
+        out = guarded((cols, rows))
+        fn(cuda.to_device(a), out.array)
+        check(out.array, a.T.astype(np.float64), tol=0.0, name=f"transpose {rows}x{cols}")
+        out.check_untouched()
+
+
+def check_histogram(fn, rng, sizes=None):
+    sizes = sizes or hostile_sizes(BLOCK, rng) + [40 * BLOCK]
+    for n in sizes:
+        for blocks in (1, 3):
+            x = rng.integers(0, NBINS, n).astype(np.int32)
+            bins = guarded(NBINS, np.int32)
+            fn(cuda.to_device(x), bins.array, blocks=blocks)
+            ref = np.bincount(x, minlength=NBINS).astype(np.int32)
+            check(bins.array, ref, name=f"histogram n={n} blocks={blocks}")
+            bins.check_untouched()
+
+
+def check_scan(fn, rng):
+    for n in hostile_sizes(BLOCK, rng):
+        x = rng.integers(-50, 51, n).astype(np.int32)
+        out = guarded(n, np.int32)
+        fn(cuda.to_device(x), out.array)
+        check(out.array, np.cumsum(x).astype(np.int32), name=f"scan n={n}")
+        out.check_untouched()
+
+
+def check_stencil(fn, rng):
+    for n in hostile_sizes(BLOCK, rng):
+        x = random_array(n, np.float32, rng)
+        w = random_array(2 * RADIUS + 1, np.float32, rng)
+        xp = np.pad(x.astype(np.float64), RADIUS)
+        ref = sum(w[k] * xp[k:k + n] for k in range(2 * RADIUS + 1))
+        out = guarded(n)
+        fn(with_junk_after(x), cuda.to_device(w), out.array)
+        check(out.array, ref, tol=1e-5, name=f"stencil n={n}")
+        out.check_untouched()
+
+
+def check_softmax(fn, rng):
+    shapes = [(1, 1), (2, BLOCK - 1), (2, 3 * BLOCK + 7), (int(rng.integers(1, 4)),
+                                                          int(rng.integers(2, 2 * BLOCK)))]
+    for rows, cols in shapes:
+        x = random_array((rows, cols), np.float32, rng, -6.0, 6.0)
+        z = x.astype(np.float64)
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        out = guarded((rows, cols))
+        fn(cuda.to_device(x), out.array)
+        check(out.array, e / e.sum(axis=1, keepdims=True), tol=1e-5, name=f"softmax {rows}x{cols}")
+        out.check_untouched()
+
+
+# ---------------------------------------------------------------- exercise tests
+@pytest.mark.parametrize("impl", IMPLS)
+def test_shift_left(impl, rng):
+    check_shift_left(impl.shift_left, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_block_sums(impl, rng):
+    check_block_sums(impl.block_sums, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_dot(impl, rng):
+    check_dot(impl.dot, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_argmax(impl, rng):
+    check_argmax(impl.argmax, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_transpose_tiled(impl, rng):
+    check_transpose(impl.transpose_tiled, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_histogram_global(impl, rng):
+    check_histogram(impl.histogram_global, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_histogram_privatised(impl, rng):
+    check_histogram(impl.histogram_privatised, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_scan_inclusive(impl, rng):
+    check_scan(impl.scan_inclusive, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_stencil_1d(impl, rng):
+    check_stencil(impl.stencil_1d, rng)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_softmax_rows(impl, rng):
+    check_softmax(impl.softmax_rows, rng)
+
+
+def test_bad_shapes_are_refused():
+    x = cuda.to_device(np.ones(10, np.float32))
+    with pytest.raises(ValueError, match="x.size - 1"):
+        sol.shift_left(x, cuda.device_array(10, np.float32))
+    with pytest.raises(ValueError, match="cols, rows"):
+        sol.transpose_tiled(cuda.to_device(np.ones((3, 4), np.float32)),
+                            cuda.device_array((3, 4), np.float32))
+
+
+# ---------------------------------------------------------------- broken kernels fail
+@cuda.jit
+def shift_left_no_barrier(x, out):
+    tile = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    if i < x.size:
+        tile[t] = x[i]
+    if i < out.size:  # no cuda.syncthreads(): reads a slot its neighbour may not have written
+        out[i] = tile[t + 1] if t + 1 < BLOCK else x[i + 1]
+
+
+def test_broken_shift_left_without_barrier_fails(rng):
+    with pytest.raises(FAILS):
+        check_shift_left(lambda x, out: shift_left_no_barrier[ceil_div(x.size, BLOCK), BLOCK](x, out), rng)
+
+
+@cuda.jit
+def block_sums_no_bounds(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    s[t] = x[cuda.grid(1)]  # no bounds check: the last block reads past the end
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+@cuda.jit
+def block_sums_no_barrier(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s[t] = x[i] if i < x.size else ZERO
+    stride = BLOCK // 2
+    while stride > 0:  # no barrier between tree levels
+        if t < stride:
+            s[t] += s[t + stride]
+        stride //= 2
+    if t == 0:
+        out[cuda.blockIdx.x] = s[0]
+
+
+@pytest.mark.parametrize("kernel", [block_sums_no_bounds, block_sums_no_barrier],
+                         ids=["no-bounds-check", "no-barrier"])
+def test_broken_block_sums_fail(kernel, rng):
+    with pytest.raises(FAILS):
+        check_block_sums(lambda x, out: kernel[out.size, BLOCK](x, out), rng)
+
+
+@cuda.jit
+def dot_plain_add(a, b, out):
+    s = cuda.shared.array(BLOCK, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    acc = ZERO
+    while i < a.size:
+        acc += a[i] * b[i]
+        i += cuda.gridsize(1)
+    s[t] = acc
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        out[0] += s[0]  # not atomic: blocks racing on out[0] lose each other's sums
+
+
+@pytest.mark.gpu  # the simulator runs blocks one after another, so blocks never race there
+def test_broken_dot_without_atomic_fails(rng):
+    def dot(a, b, out, blocks):
+        out.copy_to_device(np.zeros(1, np.float32))
+        dot_plain_add[blocks * 64, BLOCK](a, b, out)
+
+    with pytest.raises(FAILS):
+        for _ in range(5):
+            check_dot(dot, rng)
+
+
+@cuda.jit
+def argmax_no_barrier(x, block_val, block_idx):
+    sv = cuda.shared.array(BLOCK, float32)
+    si = cuda.shared.array(BLOCK, int32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    sv[t] = x[i] if i < x.size else NEG_INF
+    si[t] = i if i < x.size else x.size
+    stride = BLOCK // 2
+    while stride > 0:  # no barriers: reads partners' slots before they are final
+        if t < stride:
+            v, j = sv[t + stride], si[t + stride]
+            if v > sv[t] or (v == sv[t] and j < si[t]):
+                sv[t] = v
+                si[t] = j
+        stride //= 2
+    if t == 0:
+        block_val[cuda.blockIdx.x] = sv[0]
+        block_idx[cuda.blockIdx.x] = si[0]
+
+
+def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
+    monkeypatch.setattr(sol, "argmax_kernel", argmax_no_barrier)
+    with pytest.raises(FAILS):
+        check_argmax(sol.argmax, rng)
+
+
+@cuda.jit
+def transpose_no_bounds(a, out):
+    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    x = cuda.blockIdx.x * TILE + tx
+    y = cuda.blockIdx.y * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < a.shape[0] and x < a.shape[1]:
+            tile[ty + k, tx] = a[y + k, x]
+    cuda.syncthreads()
+    x = cuda.blockIdx.y * TILE + tx
+    y = cuda.blockIdx.x * TILE + ty
+    for k in range(0, TILE, ROWS):
+        out[y + k, x] = tile[tx, ty + k]  # no bounds check on the write
+
+
+@cuda.jit
+def transpose_no_barrier(a, out):
+    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tx = cuda.threadIdx.x
+    ty = cuda.threadIdx.y
+    x = cuda.blockIdx.x * TILE + tx
+    y = cuda.blockIdx.y * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < a.shape[0] and x < a.shape[1]:
+            tile[ty + k, tx] = a[y + k, x]
+    x = cuda.blockIdx.y * TILE + tx  # no barrier: reads tile columns other threads write
+    y = cuda.blockIdx.x * TILE + ty
+    for k in range(0, TILE, ROWS):
+        if y + k < out.shape[0] and x < out.shape[1]:
+            out[y + k, x] = tile[tx, ty + k]
+
+
+@pytest.mark.parametrize("kernel", [transpose_no_bounds, transpose_no_barrier],
+                         ids=["no-bounds-check", "no-barrier"])
+def test_broken_transpose_fails(kernel, rng):
+    def transpose(a, out):
+        kernel[(ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE)), (TILE, ROWS)](a, out)
+
+    with pytest.raises(FAILS):
+        check_transpose(transpose, rng)
+
+
+@cuda.jit
+def histogram_plain_add(x, bins):
+    i = cuda.grid(1)
+    while i < x.size:
+        bins[x[i]] += 1  # not atomic: two threads on one bin lose a count
+        i += cuda.gridsize(1)
+
+
+def test_broken_histogram_without_atomic_fails(rng):
+    def histogram(x, bins, blocks):
+        bins.copy_to_device(np.zeros(NBINS, np.int32))
+        histogram_plain_add[blocks, BLOCK](x, bins)
+
+    with pytest.raises(FAILS):
+        for _ in range(4):  # a lost update is likely on each try, not certain
+            check_histogram(histogram, rng, sizes=[40 * BLOCK])
+
+
+@cuda.jit
+def histogram_private_plain_add(x, bins):
+    h = cuda.shared.array(NBINS, int32)
+    t = cuda.threadIdx.x
+    if t < NBINS:
+        h[t] = 0
+    cuda.syncthreads()
+    i = cuda.grid(1)
+    while i < x.size:
+        h[x[i]] += 1  # not atomic, in shared memory
+        i += cuda.gridsize(1)
+    cuda.syncthreads()
+    if t < NBINS:
+        cuda.atomic.add(bins, t, h[t])
+
+
+@pytest.mark.gpu  # a Python `+=` on a NumPy array never yields mid-update in the simulator
+def test_broken_private_histogram_without_atomic_fails(rng):
+    def histogram(x, bins, blocks):
+        bins.copy_to_device(np.zeros(NBINS, np.int32))
+        histogram_private_plain_add[blocks, BLOCK](x, bins)
+
+    with pytest.raises(FAILS):
+        check_histogram(histogram, rng, sizes=[1 << 20])
+
+
+@cuda.jit
+def block_scan_one_barrier(x, out, sums):
+    s = cuda.shared.array(BLOCK, int32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s[t] = x[i] if i < x.size else 0
+    cuda.syncthreads()
+    offset = 1
+    while offset < BLOCK:
+        v = s[t - offset] if t >= offset else 0
+        s[t] += v  # missing barrier between the read above and this write
+        cuda.syncthreads()
+        offset *= 2
+    if i < out.size:
+        out[i] = s[t]
+    if t == BLOCK - 1:
+        sums[cuda.blockIdx.x] = s[t]
+
+
+def test_broken_scan_without_barrier_fails(rng, monkeypatch):
+    monkeypatch.setattr(sol, "block_scan_kernel", block_scan_one_barrier)
+    with pytest.raises(FAILS):
+        check_scan(sol.scan_inclusive, rng)
+
+
+@cuda.jit
+def stencil_no_halo(x, w, out):
+    tile = cuda.shared.array(BLOCK + 2 * RADIUS, float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    tile[t + RADIUS] = x[i] if i < x.size else ZERO  # the halo cells are never loaded
+    cuda.syncthreads()
+    if i < out.size:
+        acc = ZERO
+        for k in range(2 * RADIUS + 1):
+            acc += w[k] * tile[t + k]
+        out[i] = acc
+
+
+def test_broken_stencil_without_halo_fails(rng, monkeypatch):
+    monkeypatch.setattr(sol, "stencil_kernel", stencil_no_halo)
+    with pytest.raises(FAILS):
+        check_stencil(sol.stencil_1d, rng)
+
+
+@cuda.jit
+def softmax_no_tree_barrier(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    cols = x.shape[1]
+    m = NEG_INF
+    for j in range(t, cols, BLOCK):
+        m = max(m, x[r, j])
+    s[t] = m
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] = max(s[t], s[t + stride])
+        stride //= 2  # missing barrier between tree levels
+    m = s[0]
+    cuda.syncthreads()
+    acc = ZERO
+    for j in range(t, cols, BLOCK):
+        acc += math.exp(x[r, j] - m)
+    s[t] = acc
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        stride //= 2
+    inv = np.float32(1.0) / s[0]
+    for j in range(t, cols, BLOCK):
+        out[r, j] = math.exp(x[r, j] - m) * inv
+
+
+def test_broken_softmax_without_barrier_fails(rng, monkeypatch):
+    monkeypatch.setattr(sol, "softmax_kernel", softmax_no_tree_barrier)
+    with pytest.raises(FAILS):
+        check_softmax(sol.softmax_rows, rng)
