@@ -1,13 +1,13 @@
 """Chapter 1: roofline arithmetic exercises, broken versions that must fail, and
 the chapter scripts at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError
+from common.exercises import implementations, load_chapter_module
+
 import math
 
 import pytest
-
-from common.checking import CheckError
-from common.exercises import implementations, load_chapter_module
 
 CHAPTER = "01_ecosystem"
 

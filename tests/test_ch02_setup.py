@@ -1,13 +1,13 @@
 """Chapter 2: device-limit exercises, broken versions that must fail, and the
 device_query script at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import pytest
-from numba import cuda
-
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime
 from common.checking import CheckError
 from common.exercises import implementations, load_chapter_module
+
+import pytest
+from numba import cuda
 
 CHAPTER = "02_setup"
 

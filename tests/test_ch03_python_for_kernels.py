@@ -1,7 +1,10 @@
 """Chapter 3: flat indices, strides, ceil_div and a float32-pure kernel; broken
 versions that must fail the checks; the chapter scripts at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError, check, guarded, hostile_sizes, random_array
+from common.exercises import implementations, load_chapter_module
+
 import math
 import re
 
@@ -9,9 +12,6 @@ import numba
 import numpy as np
 import pytest
 from numba import cuda
-
-from common.checking import CheckError, check, guarded, hostile_sizes, random_array
-from common.exercises import implementations, load_chapter_module
 
 CHAPTER = "03_python_for_kernels"
 # float64 arithmetic in LLVM IR (the CPython wrapper only converts, it never computes).

@@ -1,16 +1,16 @@
 """Chapter 4: the typical GPU program and event timing; broken versions that must
 fail the checks; the chapter scripts at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div
+from common.checking import CheckError, check, hostile_sizes, random_array
+from common.exercises import implementations, load_chapter_module
+
 import time
 
 import numpy as np
 import pytest
 from numba import cuda
-
-from common import ceil_div
-from common.checking import CheckError, check, hostile_sizes, random_array
-from common.exercises import implementations, load_chapter_module
 
 CHAPTER = "04_gpu_intro"
 

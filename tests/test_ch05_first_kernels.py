@@ -1,14 +1,14 @@
 """Chapter 5: hostile checks for the exercises, broken kernels that must fail
 them, and the chapter scripts run at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import numpy as np
-import pytest
-from numba import cuda
-
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator
 from common.checking import CheckError, check, guarded, hostile_sizes, random_array
 from common.exercises import implementations, load_chapter_module
+
+import numpy as np
+import pytest
+from numba import cuda
 
 CHAPTER = "05_first_kernels"
 # A wrong kernel either raises IndexError (simulator, out of bounds) or leaves a wrong output.

@@ -9,7 +9,12 @@ version 2 is pairwise_dist_naive: one GPU thread an output d[i, j], a loop over 
 Run: python chapters/01_ecosystem/loop_to_kernel.py [--out runs/01_ecosystem]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.checking import check
+from common.harness import run_versions
+from common.timing import device_peaks, write_json
+
 import argparse
 import sys
 import time
@@ -17,11 +22,6 @@ from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.checking import check
-from common.harness import run_versions
-from common.timing import device_peaks, write_json
 
 
 def pairwise_dist_python(points, rows):

@@ -7,15 +7,15 @@ simulator). Nothing here is required except numba-cuda and NumPy; the rest is a 
 Run: python chapters/01_ecosystem/stack_report.py [--out runs/01_ecosystem]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import runtime
+
 import argparse
 import importlib.metadata as metadata
 import json
 import platform
 import sys
 from pathlib import Path
-
-from common import runtime
 
 # (layer, distribution name on PyPI, what it is) -- one line each, in stack order.
 STACK = [

@@ -9,13 +9,13 @@ For install problems run `python -m common.doctor`: it names the failure and the
 Run: python chapters/02_setup/device_query.py [--out runs/02_setup]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import runtime
+
 import argparse
 import json
 import sys
 from pathlib import Path
-
-from common import runtime
 
 # (attribute, unit, why a kernel writer cares) in the order a kernel meets them.
 EXPLAINED = [

@@ -4,10 +4,10 @@ Replace each `raise NotImplementedError` with your code.
 Run the checks: python -m pytest tests/test_ch02_setup.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-from numba import cuda  # noqa: F401  (for your answer)
-
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime  # noqa: F401  (for your answer)
+
+from numba import cuda  # noqa: F401  (for your answer)
 
 
 def max_threads_per_block():

@@ -4,10 +4,10 @@ Same functions as exercises.py; tests check both.
 Run the checks: python -m pytest tests/test_ch02_setup.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-from numba import cuda
-
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime
+
+from numba import cuda
 
 
 def max_threads_per_block():

@@ -4,10 +4,10 @@ Replace each `raise NotImplementedError` with your code.
 Run the checks: python -m pytest tests/test_ch03_python_for_kernels.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 import numpy as np
 from numba import cuda
-
 
 # ---------------------------------------------------------------- 3.1 flat index
 

@@ -15,7 +15,11 @@ CUDA C++ Programming Guide, "Arithmetic Instructions".
 Run: python chapters/03_python_for_kernels/float64_promotion.py [--out runs/03_python_for_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, is_simulator, pick
+from common.harness import run_versions
+from common.timing import device_peaks, format_table, write_json
+
 import argparse
 import math
 import re
@@ -25,10 +29,6 @@ from pathlib import Path
 import numba
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, is_simulator, pick
-from common.harness import run_versions
-from common.timing import device_peaks, format_table, write_json
 
 MUL, ADD, HALF = np.float32(0.999), np.float32(0.001), np.float32(0.5)
 

@@ -9,17 +9,17 @@ version 2 copy_2d on A.T (a strided view): the same kernel; neighbouring threads
 Run: python chapters/03_python_for_kernels/memory_layout.py [--out runs/03_python_for_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.harness import run_versions
+from common.timing import device_peaks, write_json
+
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, write_json
 
 
 def show_flat_layout():

@@ -4,11 +4,11 @@ Replace each `raise NotImplementedError` with your code.
 Run the checks: python -m pytest tests/test_ch04_gpu_intro.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div  # noqa: F401  (for your launch)
+
 import numpy as np
 from numba import cuda
-
-from common import ceil_div  # noqa: F401  (for your launch)
 
 
 @cuda.jit

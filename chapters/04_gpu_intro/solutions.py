@@ -3,11 +3,11 @@
 Run the checks: python -m pytest tests/test_ch04_gpu_intro.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div
+
 import numpy as np
 from numba import cuda
-
-from common import ceil_div
 
 
 @cuda.jit

@@ -12,7 +12,10 @@ Source: CUDA C++ Programming Guide, "Asynchronous Concurrent Execution" and "Eve
 Run: python chapters/04_gpu_intro/timing_mistakes.py [--out runs/04_gpu_intro]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, is_simulator, pick
+from common.checking import check
+
 import argparse
 import json
 import statistics
@@ -22,9 +25,6 @@ from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, is_simulator, pick
-from common.checking import check
 
 MUL, ADD = np.float32(0.999), np.float32(0.001)
 

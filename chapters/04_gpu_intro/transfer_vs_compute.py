@@ -15,7 +15,11 @@ Writes transfer_vs_compute.json and transfer_vs_compute.png (time vs n, log-log)
 Run: python chapters/04_gpu_intro/transfer_vs_compute.py [--out runs/04_gpu_intro]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.checking import check
+from common.timing import benchmark
+
 import argparse
 import json
 import statistics
@@ -25,10 +29,6 @@ from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.checking import check
-from common.timing import benchmark
 
 POLY_ITERS = 64
 MUL, ADD = np.float32(0.999), np.float32(0.001)

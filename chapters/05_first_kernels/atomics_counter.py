@@ -12,17 +12,17 @@ switched finely, so the launches run inside common.runtime.interleaved_threads()
 Run: python chapters/05_first_kernels/atomics_counter.py [--out runs/05_first_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.runtime import interleaved_threads
+from common.timing import benchmark, device_peaks, format_table, write_json
+
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.runtime import interleaved_threads
-from common.timing import benchmark, device_peaks, format_table, write_json
 
 
 # version 1: a data race. The barrier lines up every thread of the block (as a warp is

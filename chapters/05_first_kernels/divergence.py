@@ -11,17 +11,17 @@ Source: CUDA C++ Programming Guide, "SIMT Architecture" (divergence serializes p
 Run: python chapters/05_first_kernels/divergence.py [--out runs/05_first_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.harness import run_versions
+from common.timing import device_peaks, format_table, write_json
+
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, format_table, write_json
 
 WARP = 32
 A_MUL, A_ADD = np.float32(0.999), np.float32(0.001)

@@ -7,15 +7,15 @@ version 3 global_index_2d writes (row, col) from cuda.grid(2) for a 2-D grid of 
 Run: python chapters/05_first_kernels/hello_threads.py
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div
+from common.checking import check, poisoned
+
 import argparse
 import sys
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div
-from common.checking import check, poisoned
 
 
 # Every thread runs the same code; only these built-in coordinates tell them apart.

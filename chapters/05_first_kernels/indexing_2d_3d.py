@@ -7,17 +7,17 @@ version 3 batched_matmul_naive: a 3-D grid; the z-dimension picks the matrix in 
 Run: python chapters/05_first_kernels/indexing_2d_3d.py [--out runs/05_first_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.harness import run_versions
+from common.timing import device_peaks, write_json
+
 import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, write_json
 
 # ITU-R BT.601 luma weights, as float32 so the kernel stays in float32 (chapter 3).
 GRAY_WEIGHTS = np.array([0.299, 0.587, 0.114], dtype=np.float32)

@@ -11,15 +11,15 @@ compute-sanitizer (`compute-sanitizer python script.py`, Compute Sanitizer docs,
 Run: python chapters/05_first_kernels/out_of_bounds.py
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, is_simulator
+from common.checking import CheckError, check, guarded
+
 import argparse
 import sys
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, is_simulator
-from common.checking import CheckError, check, guarded
 
 
 # version 1: every thread writes, including the ones past the end of the array.

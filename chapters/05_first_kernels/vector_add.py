@@ -11,7 +11,12 @@ memory bandwidth: we report GB/s as a fraction of a device-to-device copy.
 Run: python chapters/05_first_kernels/vector_add.py [--out runs/05_first_kernels]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, is_simulator, pick
+from common.checking import check
+from common.harness import run_versions
+from common.timing import device_peaks, write_json
+
 import argparse
 import statistics
 import sys
@@ -20,12 +25,6 @@ from pathlib import Path
 
 import numpy as np
 from numba import cuda
-
-from common import ceil_div, is_simulator, pick
-from common.checking import check
-from common.harness import run_versions
-from common.timing import device_peaks, write_json
-
 
 # ---------------------------------------------------------------- CPU reference
 
