@@ -1,0 +1,88 @@
+"""Chapter 06 scripts: every version of every pattern is checked at simulator sizes
+(the scripts raise CheckError on a wrong version), the JSON/PNG outputs are written,
+public launchers refuse bad inputs, and the README's code blocks match the chapter."""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+
+import json
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from common.exercises import chapter_dir, load_chapter_module
+from common.readme_sync import sync_readme
+
+CH = "06_memory"
+PATTERNS = ["shared_memory", "transpose", "reduction", "histogram", "scan", "stencil",
+            "softmax", "fusion"]
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_script_run_checks_every_version(name):
+    results = load_chapter_module(CH, name).run()
+    assert results and all(r.extra["rel_error"] == 0 or r.extra["rel_error"] < 1e-5
+                           for r in results)
+
+
+def test_script_main_writes_json(tmp_path):
+    assert load_chapter_module(CH, "fusion").main(["--out", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "fusion.json").read_text())
+    assert [r["name"] for r in payload["results"]][0].startswith("fusion v1")
+
+
+def test_benchmark_writes_table_json_and_plot(tmp_path):
+    bench = load_chapter_module(CH, "benchmark")
+    assert bench.main(["--out", str(tmp_path), "--only", "fusion,transpose"]) == 0
+    payload = json.loads((tmp_path / "benchmark.json").read_text())
+    assert {r["extra"]["pattern"] for r in payload["results"]} == {"fusion", "transpose"}
+    assert {row["pattern"] for row in payload["meta"]["bar"]} == {"fusion", "transpose"}
+    assert (tmp_path / "benchmark.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        bench.main(["--out", str(tmp_path), "--only", "nonsense"])
+
+
+def test_shift_left_without_barrier_goes_wrong():
+    assert load_chapter_module(CH, "shared_memory").race_demo(2 * 128 + 3, trials=2) > 0
+
+
+def test_two_pass_reduction_is_deterministic():
+    red = load_chapter_module(CH, "reduction")
+    assert red.determinism_demo(300, runs=2)["v6 two-pass"] == 1
+
+
+def test_reduction_large_grid_stride_paths(rng):
+    # several grid-stride iterations per thread, including the 4-way unrolled body
+    red = load_chapter_module(CH, "reduction")
+    n = 4 * red.launch.grid_stride_blocks(10**9, red.BLOCK) * red.BLOCK + 13
+    x_host = rng.integers(-8, 9, n).astype(np.float32)
+    x = cuda.to_device(x_host)
+    for fn in (red.reduce_grid_stride_atomic, red.reduce_two_pass):
+        out = cuda.device_array(1, np.float32)
+        fn(x, out)
+        assert out.copy_to_host()[0] == x_host.astype(np.float64).sum()
+
+
+def test_launchers_refuse_bad_inputs():
+    red = load_chapter_module(CH, "reduction")
+    tr = load_chapter_module(CH, "transpose")
+    sm = load_chapter_module(CH, "softmax")
+    hist = load_chapter_module(CH, "histogram")
+    f64 = cuda.to_device(np.ones(8))
+    out1 = cuda.device_array(1, np.float32)
+    with pytest.raises(ValueError, match="float32"):
+        red.reduce_two_pass(f64, out1)
+    with pytest.raises(ValueError, match="shape"):
+        tr.transpose(tr.transpose_smem_padded, cuda.to_device(np.ones((2, 3), np.float32)),
+                     cuda.device_array((2, 3), np.float32))
+    with pytest.raises(ValueError, match="2-D float32"):
+        sm.softmax(sm.softmax_block_row_online, cuda.to_device(np.ones(4, np.float32)),
+                   cuda.device_array(4, np.float32))
+    with pytest.raises(ValueError, match="int32"):
+        hist.histogram_v3(cuda.to_device(np.ones(4, np.float32)),
+                          cuda.device_array(hist.NBINS, np.float32))
+
+
+def test_readme_code_matches_chapter():
+    problems = sync_readme(chapter_dir(CH) / "README.md", write=False)
+    assert not problems, "\n".join(problems) + "\nrun: python -m common.readme_sync"
