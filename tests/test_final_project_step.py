@@ -159,3 +159,11 @@ def test_validate_batch_errors(rng):
         model.validate_batch(big[::2], y_)
     with pytest.raises(ValueError, match="shape"):
         model.forward(cuda.to_device(np.ascontiguousarray(x[:, :, :4])))
+
+
+def test_check_gpu_script_runs_at_simulator_sizes(tmp_path):
+    """python -m final_project.check_gpu cannot rot: its whole path runs here, tiny."""
+    from final_project import check_gpu
+
+    assert check_gpu.main(["--out", str(tmp_path), "--repeats", "1"]) == 0
+    assert (tmp_path / "check_gpu.json").exists()

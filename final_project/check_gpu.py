@@ -1,0 +1,155 @@
+"""Check every capstone kernel at full size against torch autograd, then time a step.
+
+    python -m final_project.check_gpu [--out runs/final_project] [--batches 64 256 1024]
+
+1. Each layer's forward and backward at the network's real shapes (batch 64,
+   28x28, 32/64 channels, 128 hidden) against torch.autograd in float64 on the
+   CPU (final_project.checks), rel error < 1e-4; prints every error.
+2. One full NumbaCNN training step against the float64 torch twin (loss, every
+   gradient, parameters and running statistics after the update), and the
+   evaluation-mode forward.
+3. Times, with CUDA events (common.timing.benchmark), the forward (with loss),
+   backward, SGD update and whole step at each batch size, and each layer's
+   forward and backward, so we see where the time goes. Writes
+   ``check_gpu.json`` under --out.
+
+Exits non-zero if any check fails. In the simulator the same code runs at tiny
+sizes (timings are not measured there).
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from numba import cuda
+
+from common.checking import CheckError
+from common.runtime import is_simulator, pick
+from common.timing import benchmark, device_peaks, format_table, write_json
+from final_project import checks as C
+from final_project.model import NetConfig, NumbaCNN
+
+
+def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
+    """Every layer check at this config's shapes, the train step and eval forward."""
+    h, w = config.height, config.width
+    errs: dict[str, float] = {}
+    errs.update({f"conv1 {k}": v for k, v in C.check_conv2d(
+        rng, n, config.in_channels, config.c1, h, w).items()})
+    errs.update({f"conv2 {k}": v for k, v in C.check_conv2d(
+        rng, n, config.c1, config.c2, h // 2, w // 2).items()})
+    errs.update({f"bn1 {k}": v for k, v in C.check_batchnorm(rng, n, config.c1, h, w).items()})
+    errs.update({f"bn2 {k}": v for k, v in C.check_batchnorm(
+        rng, n, config.c2, h // 2, w // 2).items()})
+    errs.update(C.check_relu(rng, (n, config.c1, h, w)))
+    errs.update({f"pool1 {k}": v for k, v in C.check_maxpool(rng, n, config.c1, h, w).items()})
+    errs.update({f"fc1 {k}": v for k, v in C.check_linear(
+        rng, n, config.flat_features, config.hidden).items()})
+    errs.update({f"fc2 {k}": v for k, v in C.check_linear(
+        rng, n, config.hidden, config.num_classes).items()})
+    errs.update(C.check_log_softmax_nll(rng, n, config.num_classes))
+    errs.update(C.check_sgd(rng, pick(gpu=500_000, simulator=100)))
+    errs.update({f"step {k}": v for k, v in C.check_train_step(config, n, rng).items()})
+    errs.update(C.check_eval_forward(config, n, rng))
+    return errs
+
+
+def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:
+    """Timings (ms) of forward+loss, backward, update, the whole step, and each layer."""
+    model = NumbaCNN(config, max_batch=batch, seed=0)
+    x, y = C.random_batch(config, batch, rng)
+    x, y = cuda.to_device(x), cuda.to_device(y)
+    model.train_step(x, y, 0.01)  # compiles every kernel
+
+    def forward():
+        model.criterion.forward(model._forward(x, True), y)
+
+    def update():
+        from final_project import kernels as K
+
+        K.sgd_update(model.params.flat, model.grads.flat, 0.01)
+
+    kw = dict(warmup=2, repeats=repeats)
+    results = [
+        benchmark(forward, f"b{batch} forward + loss", **kw),
+        benchmark(model._backward, f"b{batch} backward", **kw),
+        benchmark(update, f"b{batch} SGD update", nbytes=12 * model.params.flat.size, **kw),
+        benchmark(lambda: model.train_step(x, y, 0.01), f"b{batch} whole train step", **kw),
+    ]
+    # Per layer: run forward once so every layer holds its inputs, then time each
+    # layer's forward and backward on those same tensors.
+    forward()
+    d = {"dlogits": model.criterion.backward()}
+    layers = [("conv1", model.conv1), ("bn1", model.bn1), ("relu1", model.relu1),
+              ("pool1", model.pool1), ("conv2", model.conv2), ("bn2", model.bn2),
+              ("relu2", model.relu2), ("pool2", model.pool2), ("fc1", model.fc1),
+              ("relu3", model.relu3), ("fc2", model.fc2)]
+    inputs = [x, model.conv1.out[:batch], model.bn1.out[:batch], model.relu1.out[:batch],
+              model.pool1.out[:batch], model.conv2.out[:batch], model.bn2.out[:batch],
+              model.relu2.out[:batch],
+              model.pool2.out[:batch].reshape((batch, config.flat_features)),
+              model.fc1.out[:batch], model.relu3.out[:batch]]
+    outs = [model.conv1.out, model.bn1.out, model.relu1.out, model.pool1.out, model.conv2.out,
+            model.bn2.out, model.relu2.out, model.pool2.out, model.fc1.out, model.relu3.out,
+            model.fc2.out]
+    d["douts"] = [cuda.to_device(rng.standard_normal(o[:batch].shape).astype(np.float32))
+                  for o in outs]
+    for (name, layer), inp, dout in zip(layers, inputs, d["douts"]):
+        fwd = (lambda layer=layer, inp=inp: layer.forward(inp, True)) if name.startswith("bn") \
+            else (lambda layer=layer, inp=inp: layer.forward(inp))
+        results.append(benchmark(fwd, f"b{batch} {name} forward", **kw))
+        fwd()
+        results.append(benchmark(lambda layer=layer, dout=dout: layer.backward(dout),
+                                 f"b{batch} {name} backward", **kw))
+    results.append(benchmark(lambda: model.criterion.forward(model.fc2.out[:batch], y),
+                             f"b{batch} log-softmax NLL forward", **kw))
+    results.append(benchmark(model.criterion.backward, f"b{batch} log-softmax NLL backward",
+                             **kw))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs/final_project", help="folder for check_gpu.json")
+    parser.add_argument("--batches", type=int, nargs="+", default=None,
+                        help="batch sizes to time (default 64 256 1024; simulator: 2)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(0)
+    config = pick(gpu=NetConfig(),
+                  simulator=NetConfig(height=8, width=8, c1=3, c2=4, hidden=8, num_classes=5))
+    n = pick(gpu=64, simulator=2)
+    batches = args.batches or pick(gpu=[64, 256, 1024], simulator=[2])
+    print(f"checking every layer and one train step at batch {n}, {config}")
+    try:
+        errs = check_all(config, n, rng)
+    except CheckError as e:
+        print(f"FAILED: {e}")
+        return 1
+    width = max(len(k) for k in errs)
+    for k, v in errs.items():
+        print(f"  {k:<{width}}  {v:.2e}")
+    print(f"all {len(errs)} checks passed (largest {max(errs.values()):.2e}, tolerance {C.TOL})")
+
+    results = []
+    for b in batches:
+        t = time_step(config, b, rng, args.repeats)
+        print(format_table(t, title=f"NumbaCNN naive kernels, batch {b} (ms per call)"))
+        results.extend(t)
+    if not is_simulator():
+        print("\nms per step by batch size:")
+        for b in batches:
+            step = next(r for r in results if r.name == f"b{b} whole train step")
+            print(f"  batch {b:>5}: {step.median_ms:8.3f} ms/step, "
+                  f"{b / step.median_ms * 1e3:10.0f} images/s")
+    out = Path(args.out) / "check_gpu.json"
+    write_json(results, out, device=device_peaks()["device"], config=repr(config),
+               check_errors=errs)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
