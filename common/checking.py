@@ -41,6 +41,19 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+def is_device_array(a: Any) -> bool:
+    """True for a Numba device array (on a GPU or in the simulator)."""
+    from numba import cuda
+
+    if hasattr(cuda, "is_cuda_array") and not _simulating():
+        return bool(cuda.is_cuda_array(a)) and hasattr(a, "copy_to_host")
+    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+
+
+def _simulating() -> bool:
+    return is_simulator()
+
+
 def rel_error(out: Any, ref: Any) -> float:
     """``||out - ref|| / ||ref||`` in float64; ``inf`` if ``out`` holds NaN or inf.
 
@@ -138,9 +151,13 @@ class Guarded:
     _start: int
     _stop: int
 
-    def outside_untouched(self) -> bool:
+    def outside_values(self) -> np.ndarray:
+        """The guard cells (both sides, copied to the host): all poison unless written."""
         host = self._buffer.copy_to_host()
-        outside = np.concatenate([host[: self._start], host[self._stop :]])
+        return np.concatenate([host[: self._start], host[self._stop :]])
+
+    def outside_untouched(self) -> bool:
+        outside = self.outside_values()
         if outside.dtype.kind in "fc":
             return bool(np.all(np.isnan(outside)))
         return bool(np.all(outside == poison_value(outside.dtype)))
