@@ -8,7 +8,7 @@ the performance bar (the best version of transpose, reduction, histogram on
 uniform data, softmax and fusion at >= 80% of copy bandwidth), and writes
 ``benchmark.json`` and ``benchmark.png`` into ``--out``.
 
-Run: python chapters/06_memory/benchmark.py [--out DIR] [--only transpose,softmax]
+Run: python chapters/06_memory/benchmark.py [--out DIR] [--only transpose,softmax] [--smoke]
 """
 
 import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
@@ -32,6 +32,17 @@ BAR = {
     "fusion": lambda name: "fused" in name and "unfused" not in name,
 }
 BAR_FRACTION = 0.80
+# --smoke: tiny sizes, to check that everything runs (tests use it, on a GPU too)
+SMOKE_SIZES = {
+    "shared_memory": {"n": 3 * 128 + 7},
+    "transpose": {"shape": (37, 70)},
+    "reduction": {"n": 263},
+    "histogram": {"n": 263},
+    "scan": {"n": 521},
+    "stencil": {"n": 261, "shape": (21, 19)},
+    "softmax": {"shape": (2, 2085)},
+    "fusion": {"n": 775},
+}
 
 
 def bar_report(by_pattern: dict[str, list[Timing]]) -> list[dict]:
@@ -85,6 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=launch.DEFAULT_OUT)
     parser.add_argument("--only", default=",".join(PATTERNS),
                         help=f"comma-separated subset of {','.join(PATTERNS)}")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes: check that every version runs, time nothing useful")
     args = parser.parse_args(argv)
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(chosen) - set(PATTERNS)
@@ -96,7 +109,7 @@ def main(argv=None) -> int:
     for pattern in chosen:
         module = common.import_sibling(__file__, pattern)
         print(f"\n== {pattern}")
-        by_pattern[pattern] = module.run()
+        by_pattern[pattern] = module.run(**(SMOKE_SIZES[pattern] if args.smoke else {}))
         for r in by_pattern[pattern]:
             r.extra["pattern"] = pattern
     results = [r for rs in by_pattern.values() for r in rs]

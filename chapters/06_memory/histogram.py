@@ -106,7 +106,8 @@ def histogram_smem_last_block(x, partial, counter, bins):
     cuda.threadfence()  # rows visible everywhere before this block takes its ticket
     cuda.syncthreads()
     if t == 0:
-        last[0] = cuda.atomic.add(counter, 0, 1) == cuda.gridDim.x - 1
+        ticket = cuda.atomic.add(counter, 0, 1)
+        last[0] = 1 if ticket == cuda.gridDim.x - 1 else 0
     cuda.syncthreads()
     if last[0]:
         for b in range(t, NBINS, BLOCK):

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from common.runtime import ceil_div, pick
+from common.runtime import ceil_div
 from common.timing import Timing, device_peaks, write_json
 
 DEFAULT_OUT = Path("runs") / "06_memory"
@@ -31,7 +31,7 @@ BLOCKS_PER_SM_256 = 8
 
 def sm_count() -> int:
     """Number of SMs of the current device; 2 in the simulator (keeps grids tiny)."""
-    if pick(gpu=False, simulator=True):
+    if common.is_simulator():
         return 2
     return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 

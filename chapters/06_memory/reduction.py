@@ -173,7 +173,7 @@ def reduce_sum_two_pass_last_block(x, partial, counter, out):
         partial[cuda.blockIdx.x] = total
         cuda.threadfence()  # the partial is visible to all blocks before the ticket
         ticket = cuda.atomic.add(counter, 0, 1)
-        last[0] = ticket == cuda.gridDim.x - 1
+        last[0] = 1 if ticket == cuda.gridDim.x - 1 else 0
     cuda.syncthreads()
     if last[0]:
         acc = ZERO

@@ -88,9 +88,9 @@ def shared_memory_sizes() -> dict:
         return {"per_block": 48 * 1024, "per_sm": None, "note": "simulator: course limit"}
     dev = cuda.get_current_device()
     return {
-        "per_block": int(dev.MAX_SHARED_MEMORY_PER_BLOCK),
-        "per_block_optin": int(getattr(dev, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", 0)),
-        "per_sm": int(dev.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
+        "per_block": getattr(dev, "MAX_SHARED_MEMORY_PER_BLOCK", None),
+        "per_block_optin": getattr(dev, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", None),
+        "per_sm": getattr(dev, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", None),
     }
 
 
