@@ -51,7 +51,12 @@ class _Collector:
         if report.when == "call" or (report.when == "setup" and not report.passed):
             if report.skipped:
                 reason = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
-                outcome = "not attempted" if NOT_ATTEMPTED in reason else "skipped"
+                if NOT_ATTEMPTED in reason:
+                    outcome = "not attempted"
+                elif "GPU" in reason:
+                    outcome = "needs a GPU"
+                else:
+                    outcome = "skipped"
             else:
                 outcome = "pass" if report.passed else "FAIL"
             self.outcomes[chapter][name].append(outcome)

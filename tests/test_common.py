@@ -368,3 +368,27 @@ def test_doctor_command_exit_status():
     out = subprocess.run([sys.executable, "-m", "common.doctor"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdict: ready" in out.stdout
+
+
+def test_progress_command_reports_each_exercise():
+    out = subprocess.run([sys.executable, "-m", "common.progress", "5"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "05_first_kernels" in out.stdout
+    assert "not attempted  scaled_add" in out.stdout
+    assert "exercises pass" in out.stdout
+
+
+def test_progress_summary_rules():
+    from common.progress import _summarise
+
+    assert _summarise(["pass", "pass"]) == "pass"
+    assert _summarise(["pass", "FAIL"]) == "FAIL"
+    assert _summarise(["not attempted", "not attempted"]) == "not attempted"
+    assert _summarise(["pass", "skipped"]) == "pass"
+
+
+def test_progress_rejects_unknown_chapter():
+    out = subprocess.run([sys.executable, "-m", "common.progress", "99"],
+                         capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode != 0 and "chapter" in (out.stdout + out.stderr)
