@@ -5,17 +5,16 @@ IndexError, AssertionError) on a wrong kernel. The ``test_broken_*`` tests prove
 the checks bite: a kernel missing a barrier, a bounds check or an atomic fails.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError, check, guarded, hostile_sizes, random_array
+from common.exercises import implementations, load_chapter_module
+from common.runtime import ceil_div
 
 import math
 
 import numpy as np
 import pytest
 from numba import cuda, float32, int32
-
-from common.checking import CheckError, check, guarded, hostile_sizes, random_array
-from common.exercises import implementations, load_chapter_module
-from common.runtime import ceil_div
 
 sol = load_chapter_module("06_memory", "solutions")
 BLOCK, TILE, ROWS, NBINS, RADIUS = sol.BLOCK, sol.TILE, sol.ROWS, sol.NBINS, sol.RADIUS

@@ -2,16 +2,15 @@
 (the scripts raise CheckError on a wrong version), the JSON/PNG outputs are written,
 public launchers refuse bad inputs, and the README's code blocks match the chapter."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.exercises import chapter_dir, load_chapter_module
+from common.readme_sync import sync_readme
 
 import json
 
 import numpy as np
 import pytest
 from numba import cuda
-
-from common.exercises import chapter_dir, load_chapter_module
-from common.readme_sync import sync_readme
 
 CH = "06_memory"
 PATTERNS = ["shared_memory", "transpose", "reduction", "histogram", "scan", "stencil",

@@ -11,13 +11,12 @@ uniform data, softmax and fusion at >= 80% of copy bandwidth), and writes
 Run: python chapters/06_memory/benchmark.py [--out DIR] [--only transpose,softmax] [--smoke]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.timing import Timing, device_peaks, format_table, write_json
 
 import argparse
 import sys
 from pathlib import Path
-
-from common.timing import Timing, device_peaks, format_table, write_json
 
 launch = common.import_sibling(__file__, "launch")
 

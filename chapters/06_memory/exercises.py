@@ -15,14 +15,13 @@ All inputs and outputs are Numba device arrays (``cuda.to_device``).
 """
 
 # ruff: noqa: F841, B007  (stubs leave variables for the learner to use)
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import ceil_div
 
 import math  # noqa: F401  (6.10 needs math.exp)
 
 import numpy as np
 from numba import cuda, float32, int32  # noqa: F401
-
-from common.runtime import ceil_div
 
 BLOCK = 64     # threads per block in every 1-D exercise (a power of two)
 TILE = 16      # transpose tile edge

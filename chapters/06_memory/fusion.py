@@ -12,17 +12,16 @@ Versions:
 Run: python chapters/06_memory/fusion.py [--out DIR]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import random_array
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
 
 import math
 import sys
 
 import numpy as np
 from numba import cuda
-
-from common.checking import random_array
-from common.harness import run_versions
-from common.runtime import ceil_div, pick
 
 launch = common.import_sibling(__file__, "launch")
 

@@ -20,15 +20,14 @@ Kirk & Hwu, "Programming Massively Parallel Processors" (4th ed.), ch. 9.
 Run: python chapters/06_memory/histogram.py [--out DIR]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
 
 import sys
 
 import numpy as np
 from numba import cuda, int32
-
-from common.harness import run_versions
-from common.runtime import ceil_div, pick
 
 launch = common.import_sibling(__file__, "launch")
 

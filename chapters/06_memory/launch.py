@@ -9,7 +9,9 @@
   script writes there.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import ceil_div
+from common.timing import Timing, device_peaks, write_json
 
 import argparse
 from collections.abc import Sequence
@@ -18,9 +20,6 @@ from typing import Any
 
 import numpy as np
 from numba import cuda
-
-from common.runtime import ceil_div
-from common.timing import Timing, device_peaks, write_json
 
 DEFAULT_OUT = Path("runs") / "06_memory"
 

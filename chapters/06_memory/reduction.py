@@ -24,15 +24,14 @@ the last-block pattern is the CUDA sample threadFenceReduction.
 Run: python chapters/06_memory/reduction.py [--out DIR]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
 
 import sys
 
 import numpy as np
 from numba import cuda, float32, int32
-
-from common.harness import run_versions
-from common.runtime import ceil_div, pick
 
 launch = common.import_sibling(__file__, "launch")
 

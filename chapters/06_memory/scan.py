@@ -16,15 +16,14 @@ M. Harris, S. Sengupta, J. Owens, GPU Gems 3, ch. 39 (2007).
 Run: python chapters/06_memory/scan.py [--out DIR]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.harness import run_versions
+from common.runtime import ceil_div, pick
 
 import sys
 
 import numpy as np
 from numba import cuda, int32
-
-from common.harness import run_versions
-from common.runtime import ceil_div, pick
 
 launch = common.import_sibling(__file__, "launch")
 

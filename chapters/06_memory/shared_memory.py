@@ -10,16 +10,15 @@ Versions:
 Run: python chapters/06_memory/shared_memory.py [--out DIR]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import check, poisoned, random_array
+from common.harness import run_versions
+from common.runtime import ceil_div, interleaved_threads, pick
 
 import sys
 
 import numpy as np
 from numba import cuda, float32
-
-from common.checking import check, poisoned, random_array
-from common.harness import run_versions
-from common.runtime import ceil_div, interleaved_threads, pick
 
 launch = common.import_sibling(__file__, "launch")
 

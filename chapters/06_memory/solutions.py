@@ -3,14 +3,13 @@
 Check yours with: python -m pytest tests/test_ch06_memory.py -q
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import ceil_div
 
 import math
 
 import numpy as np
 from numba import cuda, float32, int32
-
-from common.runtime import ceil_div
 
 BLOCK = 64     # threads per block in every 1-D exercise (a power of two)
 TILE = 16      # transpose tile edge
