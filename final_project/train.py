@@ -1,0 +1,468 @@
+"""Train the capstone CNN with our own kernels: ``python -m final_project.train``.
+
+    python -m final_project.train                                  # MNIST (cache/download/sample)
+    python -m final_project.train --dataset fashion-mnist --data-dir DIR --epochs 3
+    python -m final_project.train --data-dir DIR --train-from-test 8000 --epochs 5
+    python -m final_project.train --evaluate runs/final_project/checkpoint.npz
+
+Each epoch the training images are shuffled with the seed (one permutation,
+``numpy.random.default_rng(seed)``), gathered into one pinned host buffer, and
+copied to the device one batch at a time on a stream, while the model's
+kernels run on the default stream; a training step only launches kernels
+(:class:`final_project.model.NumbaCNN`). The loss of every step is copied,
+device to device, into an array read once per epoch, so the host never waits
+on the GPU inside an epoch (except for ``--check`` and the progress bar's
+loss, read every 50 steps).
+
+Printed per epoch: mean train loss, test accuracy, and ms per step measured
+with CUDA events between the second step and the last (the first step compiles
+every kernel). Written to ``--out``: ``checkpoint.npz`` (the state dict by
+torch names plus a JSON ``__meta__`` entry: config, dataset, normalisation)
+and ``metrics.json``.
+
+In the simulator the default run is tiny (``--tiny``): real digits shrunk to
+12x12, 32 training and 16 test images, batch 8, 2 epochs, channels 4/8,
+hidden 16, under a minute (a smoke run: too small to learn much); ``--no-tiny`` asks for the full network (hours
+there).
+"""
+
+from __future__ import annotations
+
+# isort: off
+import common  # (first: picks GPU or simulator before numba is imported)
+# isort: on
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from final_project import data as fdata
+from final_project.model import PARAM_NAMES, NetConfig, NumbaCNN, init_params
+
+DEFAULT_OUT = Path("runs") / "final_project"
+DEFAULT_LR = 0.05
+DEFAULT_EPOCHS = 3
+DEFAULT_BATCH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyRun:
+    """What the simulator runs by default: real digits, everything small."""
+
+    image_size: int = 12
+    n_train: int = 32
+    n_test: int = 16
+    batch_size: int = 8
+    epochs: int = 2
+    c1: int = 4
+    c2: int = 8
+    hidden: int = 16
+    check_every: int = 4
+
+    def describe(self) -> str:
+        return (f"tiny run: real digits shrunk to {self.image_size}x{self.image_size}, "
+                f"{self.n_train} train / {self.n_test} test images, channels {self.c1}/"
+                f"{self.c2}, hidden {self.hidden}: a smoke run, accuracy stays near chance")
+
+
+TINY = TinyRun()
+
+
+class CheckFailed(RuntimeError):
+    """``--check`` found the model diverging from the PyTorch twin or a non-finite loss."""
+
+
+# --------------------------------------------------------------------------
+# Options and data, shared with final_project.compare
+# --------------------------------------------------------------------------
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """Options train and compare share: data, sizes, optimiser, output."""
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=sorted(fdata.DATASETS), default=None,
+                   help="mnist (default) or fashion-mnist")
+    g.add_argument("--data-dir", metavar="DIR",
+                   help="folder holding the four IDX files (.gz or raw), or torchvision's "
+                        "DIR/MNIST/raw layout; an error if they are not there")
+    g.add_argument("--cache-dir", metavar="DIR",
+                   help="download cache (default ~/.cache/cuda-python-course/<dataset>)")
+    g.add_argument("--no-download", action="store_true",
+                   help="never touch the network (MNIST then falls back to the sample)")
+    g.add_argument("--sample", action="store_true",
+                   help="train on the shipped sample of 2,000 real MNIST digits")
+    g.add_argument("--train-from-test", type=int, metavar="N",
+                   help="train on the first N images of the test split, test on the rest "
+                        "(for example 8000: no training images needed)")
+    t = p.add_argument_group("training")
+    t.add_argument("--epochs", type=int, help=f"passes over the training set "
+                                              f"(default {DEFAULT_EPOCHS})")
+    t.add_argument("--batch-size", type=int, help=f"images per step (default {DEFAULT_BATCH})")
+    t.add_argument("--lr", type=float, default=DEFAULT_LR,
+                   help=f"plain SGD learning rate (default {DEFAULT_LR})")
+    t.add_argument("--seed", type=int, default=0, help="initial weights and shuffling")
+    t.add_argument("--max-steps", type=int, help="stop after this many steps in all")
+    t.add_argument("--c1", type=int, help="conv1 channels (default 32)")
+    t.add_argument("--c2", type=int, help="conv2 channels (default 64)")
+    t.add_argument("--hidden", type=int, help="fc1 width (default 128)")
+    t.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
+                   help="shrink everything for the simulator (default: on in the simulator)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help=f"where results go (default {DEFAULT_OUT}/)")
+
+
+def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the defaults that depend on the runtime (tiny in the simulator).
+
+    Raises:
+        SystemExit: a size or rate that cannot work (with what to give instead).
+    """
+    if args.tiny is None:
+        args.tiny = common.is_simulator()
+    if args.dataset is None:
+        args.dataset = "mnist"
+    tiny = TINY if args.tiny else None
+    args.epochs = args.epochs or (tiny.epochs if tiny else DEFAULT_EPOCHS)
+    args.batch_size = args.batch_size or (tiny.batch_size if tiny else DEFAULT_BATCH)
+    defaults = NetConfig()
+    args.c1 = args.c1 or (tiny.c1 if tiny else defaults.c1)
+    args.c2 = args.c2 or (tiny.c2 if tiny else defaults.c2)
+    args.hidden = args.hidden or (tiny.hidden if tiny else defaults.hidden)
+    args.image_size = tiny.image_size if tiny else 28
+    for name in ("epochs", "batch_size", "c1", "c2", "hidden"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise SystemExit("--max-steps must be >= 1")
+    if not (args.lr > 0 and math.isfinite(args.lr)):
+        raise SystemExit(f"--lr must be a positive number, got {args.lr}")
+    if args.sample and args.data_dir:
+        raise SystemExit("give either --sample or --data-dir, not both")
+    return args
+
+
+def load_data(args: argparse.Namespace, log=print) -> fdata.Dataset:
+    """The dataset the options ask for, split and shrunk as they say.
+
+    Raises:
+        fdata.DataError: see :func:`final_project.data.load_dataset`.
+        ValueError: a --train-from-test that leaves no images on one side.
+    """
+    ds = fdata.load_dataset(
+        args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir,
+        allow_download=not args.no_download, use_sample=args.sample,
+        test_only=args.train_from_test is not None, log=log,
+        progress=sys.stderr.isatty(),
+    )
+    if args.train_from_test is not None:
+        ds = ds.train_from_test(args.train_from_test)
+    if args.tiny:
+        ds = ds.subset(TINY.n_train, TINY.n_test)
+    return ds
+
+
+def images_for(ds: fdata.Dataset, split: str, image_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Normalised float32 (N, 1, S, S) images and int32 labels of ``split``."""
+    images = getattr(ds, f"{split}_images")
+    labels = getattr(ds, f"{split}_labels")
+    if image_size != images.shape[1]:
+        images = fdata.shrink(images, image_size)
+    return fdata.normalise(images, ds.mean, ds.std), labels.astype(np.int32)
+
+
+def net_config(args: argparse.Namespace) -> NetConfig:
+    s = args.image_size
+    return NetConfig(height=s, width=s, c1=args.c1, c2=args.c2, hidden=args.hidden)
+
+
+# --------------------------------------------------------------------------
+# Evaluation, checks, checkpoints
+# --------------------------------------------------------------------------
+
+
+def evaluate(model: NumbaCNN, batches: fdata.EpochBatches) -> float:
+    """Test accuracy in percent (batchnorm in evaluation mode), over every batch."""
+    correct = 0
+    for i in range(len(batches)):
+        x_dev, y_dev = batches.to_device(i)
+        pred = model.predict(x_dev).copy_to_host()
+        correct += int((pred == batches.host(i)[1]).sum())
+    return 100.0 * correct / batches.count
+
+
+def check_step_against_twin(
+    model: NumbaCNN, x: np.ndarray, y: np.ndarray, lr: float, tol: float = 1e-3
+) -> dict[str, float]:
+    """One training step of ``model`` on (x, y), checked against the PyTorch twin.
+
+    The twin starts from the model's state, runs the same step in float64 on
+    the CPU, and every parameter's *update* (p_after - p_before: the part a
+    wrong gradient changes) and running statistic must agree within ``tol``
+    (relative error ||a - b|| / ||b||), as must the loss. Float32 kernels land
+    near 1e-6; a wrong gradient near 1.
+
+    Returns:
+        name -> relative error (and "loss").
+
+    Raises:
+        CheckFailed: a disagreement above ``tol`` or a non-finite loss, naming
+            the tensor.
+    """
+    import torch
+
+    from final_project.torch_twin import TorchCNN, torch_train_step
+
+    before = model.state_dict()
+    x_dev, y_dev = cuda.to_device(x), cuda.to_device(y)
+    model.train_step(x_dev, y_dev, lr)
+    loss = float(model.loss.copy_to_host()[0])
+    after = model.state_dict()
+    twin = TorchCNN.from_state_dict(model.config, before, "cpu", dtype=torch.float64)
+    opt = torch.optim.SGD(twin.parameters(), lr=lr)
+    twin_loss = float(torch_train_step(twin, opt, torch.from_numpy(x).double(),
+                                       torch.from_numpy(y).long()))
+    twin_state = {k: v.detach().numpy() for k, v in twin.state_dict().items()}
+    errors = {"loss": abs(loss - twin_loss) / max(abs(twin_loss), 1e-12)}
+    if not math.isfinite(loss):
+        raise CheckFailed(f"the loss is {loss} (the twin's: {twin_loss:.6g})")
+    for name in PARAM_NAMES:
+        ours = after[name].astype(np.float64) - before[name]
+        ref = twin_state[name] - before[name]
+        denom = np.linalg.norm(ref)
+        errors[name] = float(np.linalg.norm(ours - ref) / denom) if denom > 0 else float(
+            np.linalg.norm(ours))
+    for name in ("bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"):
+        ref = twin_state[name]
+        errors[name] = float(np.linalg.norm(after[name] - ref) / max(np.linalg.norm(ref), 1e-12))
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    if bad:
+        worst = max(bad, key=lambda k: bad[k])
+        raise CheckFailed(
+            f"the Numba step disagrees with the PyTorch twin (float64): {worst} relative "
+            f"error {bad[worst]:.3g} > {tol:g}; all above tolerance: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in bad.items())
+        )
+    return errors
+
+
+def save_checkpoint(path: Path, model: NumbaCNN, meta: dict[str, Any]) -> None:
+    """``.npz``: the state dict by torch names plus ``__meta__`` (JSON: config, data)."""
+    meta = {**meta, "config": dataclasses.asdict(model.config)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part.npz")
+    np.savez(tmp, **model.state_dict(), __meta__=np.array(json.dumps(meta)))
+    tmp.replace(path)
+
+
+def load_checkpoint(path: str | Path) -> tuple[NetConfig, dict[str, np.ndarray], dict]:
+    """(config, state dict, meta) from a checkpoint written by :func:`save_checkpoint`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a checkpoint of this course (no ``__meta__``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint (train writes "
+                                f"{DEFAULT_OUT}/checkpoint.npz)")
+    with np.load(path, allow_pickle=False) as z:
+        if "__meta__" not in z.files:
+            raise ValueError(f"{path} is not a final_project checkpoint (no __meta__ entry)")
+        meta = json.loads(str(z["__meta__"]))
+        state = {k: z[k] for k in z.files if k != "__meta__"}
+    return NetConfig(**meta["config"]), state, meta
+
+
+# --------------------------------------------------------------------------
+# Training
+# --------------------------------------------------------------------------
+
+
+def train(
+    model: NumbaCNN,
+    train_batches: fdata.EpochBatches,
+    test_batches: fdata.EpochBatches,
+    epochs: int,
+    lr: float,
+    seed: int,
+    max_steps: int | None = None,
+    check_every: int | None = None,
+    log=print,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Train for ``epochs`` (or ``max_steps``); one dict per epoch of what was measured.
+
+    Each dict: epoch, steps, train_loss (mean over the epoch's steps),
+    test_accuracy (%), ms_per_step (CUDA events, first step of the run
+    excluded; None in the simulator), seconds (host wall time), losses (every
+    step's loss).
+
+    Raises:
+        CheckFailed: with ``check_every``, a non-finite loss or a step that
+            disagrees with the PyTorch twin.
+    """
+    from tqdm import tqdm
+
+    rng = np.random.default_rng(seed)
+    stream = cuda.stream()
+    losses = cuda.device_array(len(train_batches), np.float32)
+    history = []
+    step = 0
+    for epoch in range(1, epochs + 1):
+        train_batches.prepare(rng)
+        n_steps = len(train_batches)
+        if max_steps is not None:
+            n_steps = min(n_steps, max_steps - step)
+        if n_steps <= 0:
+            break
+        t0 = time.perf_counter()
+        start, end = cuda.event(), cuda.event()
+        timed_from = 1 if step == 0 else 0  # the run's first step compiles every kernel
+        bar = tqdm(range(n_steps), desc=f"epoch {epoch}/{epochs}", leave=False,
+                   disable=not progress, file=sys.stderr)
+        for i in bar:
+            if i == timed_from:
+                start.record()
+            if check_every and step % check_every == 0:
+                x, y = train_batches.host(i)
+                cuda.synchronize()
+                errors = check_step_against_twin(model, np.array(x), np.array(y), lr)
+                losses[i : i + 1].copy_to_device(model.loss)
+                bar.set_postfix_str(f"check ok (worst {max(errors.values()):.1e})")
+            else:
+                x_dev, y_dev = train_batches.to_device(i, stream=stream)
+                model.train_step(x_dev, y_dev, lr)
+                losses[i : i + 1].copy_to_device(model.loss)
+            step += 1
+            if progress and (i % 50 == 49 or i == n_steps - 1):
+                bar.set_postfix(loss=f"{float(losses[i : i + 1].copy_to_host()[0]):.4f}")
+        end.record()
+        end.synchronize()
+        bar.close()
+        epoch_losses = losses[:n_steps].copy_to_host()
+        if not np.all(np.isfinite(epoch_losses)):
+            bad = int(np.argmin(np.isfinite(epoch_losses)))
+            raise CheckFailed(f"epoch {epoch}: the loss became {epoch_losses[bad]} at step "
+                              f"{bad + 1}; try a smaller --lr")
+        timed = n_steps - timed_from
+        ms = start.elapsed_time(end) / timed if timed > 0 and not common.is_simulator() else None
+        acc = evaluate(model, test_batches)
+        row = {"epoch": epoch, "steps": n_steps, "train_loss": float(epoch_losses.mean()),
+               "test_accuracy": acc, "ms_per_step": ms,
+               "seconds": time.perf_counter() - t0, "losses": epoch_losses.tolist()}
+        history.append(row)
+        log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, test accuracy {acc:.2f}%, "
+            + (f"{ms:.3f} ms/step" if ms is not None else "ms/step not measured (simulator)")
+            + f" ({n_steps} steps, {row['seconds']:.1f} s)")
+    return history
+
+
+def device_name() -> str:
+    if common.is_simulator():
+        return "simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    config, state, meta = load_checkpoint(args.evaluate)
+    model = NumbaCNN(config, max_batch=args.batch_size or DEFAULT_BATCH)
+    model.load_state_dict(state)
+    args.dataset = args.dataset or meta["dataset"]
+    if args.train_from_test is None:
+        args.train_from_test = meta.get("train_from_test")
+    if not args.data_dir and meta.get("is_sample"):
+        args.sample = True
+    args.tiny = bool(meta.get("tiny"))
+    args.image_size = config.height
+    ds = load_data(args)
+    x, y = images_for(ds, "test", config.height)
+    acc = evaluate(model, fdata.EpochBatches(x, y, model.max_batch, drop_last=False))
+    print(f"{args.evaluate}: test accuracy {acc:.2f}% on {len(y)} images ({ds.source})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m final_project.train",
+                                description=__doc__.splitlines()[0])
+    add_common_args(p)
+    p.add_argument("--check", action="store_true",
+                   help="every --check-every steps, compare the step with the PyTorch twin "
+                        "(float64, CPU) and stop on a mismatch or a non-finite loss")
+    p.add_argument("--check-every", type=int, default=None, metavar="K",
+                   help="steps between checks with --check (default 200; tiny run: 4)")
+    p.add_argument("--evaluate", metavar="CHECKPOINT",
+                   help="load a checkpoint .npz and print its test accuracy; no training")
+    args = p.parse_args(argv)
+
+    if args.evaluate:
+        try:
+            return run_evaluate(args)
+        except (fdata.DataError, FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+
+    resolve_args(args)
+    print(f"runtime: {common.runtime_name()} ({device_name()})")
+    if args.tiny:
+        print(f"{common.runtime_name()}: {TINY.describe()}, batch {args.batch_size}, "
+              f"{args.epochs} epochs; --no-tiny runs the full network")
+    try:
+        ds = load_data(args)
+    except (fdata.DataError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"data: {ds.source}: {len(ds.train_labels)} train / {len(ds.test_labels)} test")
+    x_train, y_train = images_for(ds, "train", args.image_size)
+    x_test, y_test = images_for(ds, "test", args.image_size)
+    try:
+        train_batches = fdata.EpochBatches(x_train, y_train, args.batch_size)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    test_batches = fdata.EpochBatches(x_test, y_test, args.batch_size, drop_last=False)
+
+    config = net_config(args)
+    model = NumbaCNN(config, max_batch=args.batch_size,
+                     params=init_params(config, args.seed))
+    check_every = None
+    if args.check:
+        check_every = args.check_every or (TINY.check_every if args.tiny else 200)
+    print(f"model: {config}; SGD lr {args.lr}, batch {args.batch_size}, "
+          f"{len(train_batches)} steps/epoch" + (f", checked every {check_every} steps"
+                                                 if check_every else ""))
+    try:
+        history = train(model, train_batches, test_batches, args.epochs, args.lr, args.seed,
+                        max_steps=args.max_steps, check_every=check_every,
+                        progress=sys.stderr.isatty())
+    except CheckFailed as e:
+        print(f"error: --check failed: {e}", file=sys.stderr)
+        return 2
+
+    meta = {"dataset": ds.name, "is_sample": ds.is_sample, "mean": ds.mean, "std": ds.std,
+            "train_from_test": args.train_from_test, "tiny": args.tiny,
+            "lr": args.lr, "batch_size": args.batch_size, "seed": args.seed,
+            "epochs": len(history), "source": ds.source}
+    out = Path(args.out)
+    save_checkpoint(out / "checkpoint.npz", model, meta)
+    metrics = {**meta, "runtime": common.runtime_name(), "device": device_name(),
+               "config": dataclasses.asdict(config), "history": history}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    final = history[-1] if history else {}
+    print(f"final test accuracy {final.get('test_accuracy', float('nan')):.2f}%; wrote "
+          f"{out / 'checkpoint.npz'} and {out / 'metrics.json'}")
+    if ds.is_sample:
+        print("note: trained on the shipped sample; the full set: "
+              + fdata.FETCH_COMMAND.format(dataset="mnist"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
