@@ -142,3 +142,9 @@ def test_requires_grad_is_refused():
 def test_external_stream_ordering():
     io = load_chapter_module(CHAPTER, "interop")
     io.main(["--out", "/tmp/interop_test"])
+
+
+def test_readme_code_is_the_chapter_code():
+    from common.readme_sync import REPO_ROOT, sync_readme
+
+    assert sync_readme(REPO_ROOT / "chapters" / "07_libraries" / "README.md", write=False) == []

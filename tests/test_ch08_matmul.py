@@ -198,3 +198,9 @@ def test_script_main_runs(tmp_path):
     names = [r.name for res in results.values() for r in res]
     assert any(nm.startswith("10 autotuned") for nm in names)
     assert any(nm.startswith("9 double buffered") for nm in names)
+
+
+def test_readme_code_is_the_chapter_code():
+    from common.readme_sync import REPO_ROOT, sync_readme
+
+    assert sync_readme(REPO_ROOT / "chapters" / "08_faster_matmul" / "README.md", write=False) == []

@@ -557,16 +557,21 @@ def cublas_available():
     return torch.cuda.is_available()
 
 
-def cublas_matmul():
-    """launch(a, b, c) running torch.matmul (cuBLAS SGEMM, TF32 off) on Numba
-    device arrays without a copy (torch.as_tensor reads __cuda_array_interface__)."""
+def cublas_matmul(a, b):
+    """launch(c) running torch.matmul (cuBLAS SGEMM, TF32 off) on Numba device
+    arrays a, b, c without a copy (torch.as_tensor reads __cuda_array_interface__).
+    The torch views are made once, outside the timed call, so cuBLAS is not
+    charged for wrapping."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+    views = {}
 
-    def launch(a, b, c):
-        ta, tb, tc = (torch.as_tensor(x, device="cuda") for x in (a, b, c))
-        torch.matmul(ta, tb, out=tc)
+    def launch(c):
+        if id(c) not in views:
+            views[id(c)] = (c, torch.as_tensor(c, device="cuda"))
+        torch.matmul(ta, tb, out=views[id(c)][1])
 
     return launch
 
@@ -698,7 +703,7 @@ def run_size(m, n, k, versions, tuned, rng, peaks, quick):
     one("10 autotuned v9 {}x{} BK{} {}x{} mb{}".format(*shape),
         lambda out: launch_blocktiled(kern, a, b, out))
     if cublas_available():
-        one("cuBLAS SGEMM (torch, TF32 off)", lambda out: cublas_matmul()(a, b, out))
+        one("cuBLAS SGEMM (torch, TF32 off)", cublas_matmul(a, b))
         cub = results[-1].tflops
         for r in results:
             r.extra["fraction_of_cublas"] = (r.tflops / cub) if (r.tflops and cub) else None
