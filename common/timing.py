@@ -8,9 +8,10 @@ between two events is the time the GPU spent on what lies between them.
 
 The first call of a kernel compiles it (Numba's JIT, then the driver's PTX
 compiler), which takes 0.1-2 s. It is timed apart and reported as
-``first_call_ms``; warm-up calls follow, then ``repeats`` timed calls, of which
-we report the median (robust to the odd slow run) and the 10th-90th percentile
-spread.
+``first_call_ms``; warm-up calls follow, then ``repeats`` timed calls queued
+back to back (each between its own pair of events, one synchronize at the end,
+so host launch overhead overlaps GPU work), of which we report the median
+(robust to the odd slow run) and the 10th-90th percentile spread.
 
 Rates are derived from what the caller says the operation must do: ``nbytes``
 (the fewest bytes it must move through device memory: each input read once,
@@ -148,16 +149,21 @@ def benchmark(
     fn()
     _synchronize()
     result.first_call_ms = (time.perf_counter() - t0) * 1e3
+    # Calls are queued back to back, each between its own pair of events, with
+    # one synchronize at the end (as triton.testing.do_bench does). While the
+    # GPU works on call i the host is already launching call i+1, so the ~20 us
+    # a Numba launch costs on the host is hidden whenever a call takes longer
+    # than that; synchronizing after every call would add it to every time.
     for _ in range(warmup):
         fn()
-    start, end = cuda.event(), cuda.event()
-    times = []
-    for _ in range(repeats):
+    starts = [cuda.event() for _ in range(repeats)]
+    ends = [cuda.event() for _ in range(repeats)]
+    for start, end in zip(starts, ends):
         start.record()
         fn()
         end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    ends[-1].synchronize()
+    times = [start.elapsed_time(end) for start, end in zip(starts, ends)]
     result.median_ms = statistics.median(times)
     result.p10_ms = float(np.percentile(times, 10))
     result.p90_ms = float(np.percentile(times, 90))
