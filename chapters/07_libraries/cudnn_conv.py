@@ -35,7 +35,8 @@ def conv2d_reference(x, w):
     for i in range(r):
         for j in range(s):
             patch = x64[:, :, i:i + h - r + 1, j:j + wd - s + 1]
-            out += np.einsum("nchw,kc->nkhw", patch, w64[:, :, i, j])
+            # (K, C) . (N, C, H', W') over C, through BLAS: -> (K, N, H', W')
+            out += np.tensordot(w64[:, :, i, j], patch, axes=([1], [1])).transpose(1, 0, 2, 3)
     return out
 
 
@@ -89,7 +90,8 @@ def main(argv=None):
         torch.backends.cudnn.allow_tf32 = False
         for bench in (False, True):
             torch.backends.cudnn.benchmark = bench
-            check(F.conv2d(tx, tw), ref, tol=1e-5, name=f"cuDNN benchmark={bench}")
+            # 1e-4: cuDNN may pick FFT or Winograd algorithms, which round differently.
+            check(F.conv2d(tx, tw), ref, tol=1e-4, name=f"cuDNN benchmark={bench}")
             results.append(benchmark(lambda: F.conv2d(tx, tw),
                                      f"{2 + bench} F.conv2d cudnn.benchmark={bench}", flops=flops))
     print(format_table(results, title=f"conv2d NCHW x{(n, c, h, wd)} w{(k, c, r, r)}"))

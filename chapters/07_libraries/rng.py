@@ -26,7 +26,7 @@ sol = import_sibling(__file__, "solutions")
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=pick(gpu=1 << 20, simulator=200))
+    p.add_argument("--n", type=int, default=pick(gpu=1 << 18, simulator=200))
     p.add_argument("--out", default="runs/07_libraries")
     args = p.parse_args(argv)
     n = args.n

@@ -610,12 +610,16 @@ def compiler_report(kernel, label):
         return {}
     sig = next(iter(kernel.overloads))
     report = {"kernel": label}
-    for key, fn in (("registers_per_thread", kernel.get_regs_per_thread),
-                    ("local_bytes_per_thread", kernel.get_local_mem_per_thread),
-                    ("shared_bytes_per_block", kernel.get_shared_mem_per_block)):
+    # The compiled kernel for one signature; the same numbers as
+    # kernel.get_regs_per_thread() / get_local_mem_per_thread() /
+    # get_shared_mem_per_block() give for a kernel with one signature.
+    compiled = kernel.overloads[sig]
+    for key, attr in (("registers_per_thread", "regs_per_thread"),
+                      ("local_bytes_per_thread", "local_mem_per_thread"),
+                      ("shared_bytes_per_block", "shared_mem_per_block")):
         try:
-            report[key] = fn(sig)
-        except Exception as exc:  # noqa: BLE001  (older numba-cuda: not available)
+            report[key] = getattr(compiled, attr)
+        except Exception as exc:  # noqa: BLE001  (a driver query; report, don't fail)
             report[key] = f"n/a ({type(exc).__name__})"
     ptx = kernel.inspect_asm(sig)
     report["ptx_fma_f32"] = len(re.findall(r"\bfma\.rn\.f32\b", ptx))
