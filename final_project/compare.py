@@ -230,11 +230,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for name in ("numba", "torch"):
+    for name, style in (("numba", "-"), ("torch", "--")):
         curve = result["accuracy_run"]["curves"].get(name) or []
         if curve:
             steps, losses = zip(*curve)
-            ax1.plot(steps, losses, label=name)
+            ax1.plot(steps, losses, style, label=name)
     ax1.set_xlabel("step")
     ax1.set_ylabel(f"train loss (mean of {result['accuracy_run']['loss_every']} steps)")
     ax1.set_title("same weights, same batches")

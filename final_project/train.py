@@ -205,7 +205,8 @@ def check_step_against_twin(
     The twin starts from the model's state, runs the same step in float64 on
     the CPU, and every parameter's *update* (p_after - p_before: the part a
     wrong gradient changes) and running statistic must agree within ``tol``
-    (relative error ||a - b|| / ||b||), as must the loss. Float32 kernels land
+    (relative error ||a - b|| / ||b||, with ||b|| at least 1e-3 ||p||), as
+    must the loss. Float32 kernels land
     near 1e-6; a wrong gradient near 1.
 
     Returns:
@@ -235,9 +236,11 @@ def check_step_against_twin(
     for name in PARAM_NAMES:
         ours = after[name].astype(np.float64) - before[name]
         ref = twin_state[name] - before[name]
-        denom = np.linalg.norm(ref)
-        errors[name] = float(np.linalg.norm(ours - ref) / denom) if denom > 0 else float(
-            np.linalg.norm(ours))
+        # A conv bias followed by batchnorm has a zero gradient (the mean is
+        # subtracted again), so its float32 update is pure rounding noise: measure
+        # such an update against a thousandth of the parameter instead.
+        denom = max(np.linalg.norm(ref), 1e-3 * np.linalg.norm(before[name]), 1e-12)
+        errors[name] = float(np.linalg.norm(ours - ref) / denom)
     for name in ("bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"):
         ref = twin_state[name]
         errors[name] = float(np.linalg.norm(after[name] - ref) / max(np.linalg.norm(ref), 1e-12))

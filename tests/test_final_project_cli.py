@@ -1,0 +1,237 @@
+"""The capstone's command lines and training loop, in the simulator at tiny sizes.
+
+``final_project.train``'s simulator default (real digits shrunk to 12x12, a
+few steps) must finish, write a checkpoint that ``--evaluate`` loads; the loss
+must fall on the shipped real digits; ``final_project.compare`` must run and
+write its JSON; ``--check`` must catch a broken kernel; bad inputs must give
+clear errors. The network is never reached (``fetch`` is replaced).
+"""
+
+# isort: off
+import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+# isort: on
+from common.runtime import is_simulator
+
+import json
+import urllib.error
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from final_project import compare as fcompare
+from final_project import data as fdata
+from final_project import kernels as K
+from final_project import train as ftrain
+from final_project.model import NetConfig, NumbaCNN, init_params
+
+TINY_CONFIG = NetConfig(height=12, width=12, c1=4, c2=8, hidden=16)
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """No network, an empty cache: MNIST falls back to the shipped sample."""
+
+    def no_network(url, dest, **kwargs):
+        raise urllib.error.URLError("network disabled in tests")
+
+    monkeypatch.setattr(fdata, "fetch", no_network)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def _tiny_batch(n: int, offset: int = 0):
+    ds = fdata.load_sample()
+    x = fdata.normalise(fdata.shrink(ds.train_images[offset : offset + n], 12), ds.mean, ds.std)
+    return np.ascontiguousarray(x), ds.train_labels[offset : offset + n].astype(np.int32)
+
+
+# --------------------------------------------------------------------------
+# train: the default run, checkpoints, --evaluate
+# --------------------------------------------------------------------------
+
+
+def test_train_default_run_writes_a_checkpoint_that_evaluate_loads(offline, capsys):
+    out = offline / "run"
+    argv = ["--out", str(out)] + ([] if is_simulator() else ["--tiny"])
+    assert ftrain.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "tiny run" in printed
+    assert "shipped sample" in printed and "python -m final_project.data --download mnist" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [h["epoch"] for h in metrics["history"]] == [1, 2]
+    assert all(np.isfinite(h["train_loss"]) for h in metrics["history"])
+    assert metrics["is_sample"] and metrics["config"]["height"] == 12
+
+    config, state, meta = ftrain.load_checkpoint(out / "checkpoint.npz")
+    assert config == NetConfig(**metrics["config"]) and meta["tiny"]
+    assert state["conv1.weight"].shape == (4, 1, 3, 3)
+    assert not np.allclose(state["conv1.weight"], init_params(config, 0)["conv1.weight"])
+
+    assert ftrain.main(["--evaluate", str(out / "checkpoint.npz")]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    # Evaluation is deterministic: the same accuracy as at the end of training.
+    assert f"test accuracy {metrics['history'][-1]['test_accuracy']:.2f}%" in line
+    assert f"on {ftrain.TINY.n_test} images" in line
+
+
+def test_checkpoint_round_trip_and_bad_checkpoints(tmp_path):
+    model = NumbaCNN(TINY_CONFIG, max_batch=2, seed=3)
+    ftrain.save_checkpoint(tmp_path / "c.npz", model, {"dataset": "mnist"})
+    assert not list(tmp_path.glob("*.part*"))  # written atomically
+    config, state, meta = ftrain.load_checkpoint(tmp_path / "c.npz")
+    assert config == TINY_CONFIG and meta["dataset"] == "mnist"
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(state[name], value)
+    np.savez(tmp_path / "other.npz", a=np.zeros(3))
+    with pytest.raises(ValueError, match="not a final_project checkpoint"):
+        ftrain.load_checkpoint(tmp_path / "other.npz")
+    with pytest.raises(FileNotFoundError, match="no such checkpoint"):
+        ftrain.load_checkpoint(tmp_path / "missing.npz")
+    assert ftrain.main(["--evaluate", str(tmp_path / "missing.npz")]) == 1
+
+
+def test_loss_falls_on_the_shipped_real_digits():
+    # Four plain-SGD steps on the same 8 real digits: the loss must drop
+    # clearly (a model whose update or gradients are wrong does not).
+    x, y = _tiny_batch(8)
+    model = NumbaCNN(TINY_CONFIG, max_batch=8, seed=0)
+    x_dev, y_dev = cuda.to_device(x), cuda.to_device(y)
+    losses = []
+    for _ in range(5):
+        model.train_step(x_dev, y_dev, lr=0.2)
+        losses.append(float(model.loss.copy_to_host()[0]))
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+# --------------------------------------------------------------------------
+# --check: the step against the PyTorch twin
+# --------------------------------------------------------------------------
+
+
+def test_check_step_passes_for_the_real_kernels():
+    x, y = _tiny_batch(4, offset=100)
+    model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
+    errors = ftrain.check_step_against_twin(model, x, y, lr=0.1)
+    assert max(errors.values()) < 1e-4 and "conv1.weight" in errors, errors
+
+
+def test_train_cli_check_path(offline, capsys, monkeypatch):
+    checked = []
+    real = ftrain.check_step_against_twin
+
+    def spy(*args, **kwargs):
+        checked.append(real(*args, **kwargs))
+        return checked[-1]
+
+    monkeypatch.setattr(ftrain, "check_step_against_twin", spy)
+    argv = ["--out", str(offline / "c"), "--sample", "--check", "--check-every", "2",
+            "--max-steps", "2", "--tiny"]
+    assert ftrain.main(argv) == 0
+    assert len(checked) == 1  # step 0 checked, step 1 plain
+    assert "checked every 2 steps" in capsys.readouterr().out
+    history = json.loads((offline / "c" / "metrics.json").read_text())["history"]
+    assert history[0]["steps"] == 2 and len(history[0]["losses"]) == 2
+    assert all(np.isfinite(history[0]["losses"]))
+
+
+def test_check_step_catches_a_broken_gradient(monkeypatch):
+    # ReLU backward that forgets the mask (passes every gradient through).
+    monkeypatch.setattr(K, "relu_backward", lambda dy, x, dx: dx.copy_to_device(dy))
+    x, y = _tiny_batch(4, offset=200)
+    model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
+    with pytest.raises(ftrain.CheckFailed, match="disagrees with the PyTorch twin"):
+        ftrain.check_step_against_twin(model, x, y, lr=0.1)
+
+
+def test_check_step_catches_a_missing_update(monkeypatch):
+    monkeypatch.setattr(K, "sgd_update", lambda params, grads, lr: None)
+    x, y = _tiny_batch(4, offset=300)
+    model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
+    with pytest.raises(ftrain.CheckFailed, match=r"relative error 1 > 0.001"):
+        ftrain.check_step_against_twin(model, x, y, lr=0.1)
+
+
+# --------------------------------------------------------------------------
+# compare
+# --------------------------------------------------------------------------
+
+
+def test_compare_tiny_writes_json_and_plot(offline, capsys):
+    out = offline / "cmp"
+    argv = ["--out", str(out), "--sample", "--epochs", "1", "--max-steps", "2",
+            "--time-steps", "1", "--time-batch-sizes", "8", "--loss-every", "1"]
+    assert fcompare.main(argv + ([] if is_simulator() else ["--tiny"])) == 0
+    printed = capsys.readouterr().out
+    assert "timings are meaningless" in printed or not is_simulator()
+    result = json.loads((out / "compare.json").read_text())
+    assert (out / "compare.png").stat().st_size > 1000
+    run = result["accuracy_run"]
+    assert [len(run["curves"][k]) for k in ("numba", "torch")] == [2, 2]
+    # Same weights, same first batch: the same first loss (before any update).
+    (s0, numba0), (_, torch0) = run["curves"]["numba"][0], run["curves"]["torch"][0]
+    assert s0 == 1 and abs(numba0 - torch0) < 1e-4 * abs(torch0)
+    for k in ("numba", "torch"):
+        assert 0 <= run[k][-1]["test_accuracy"] <= 100
+    assert [r["batch_size"] for r in result["timing"]] == [8]
+    if is_simulator():
+        assert result["timing"][0]["numba_ms_per_step"] is None
+    assert result["device"] and result["config"]["c1"] == 4
+
+
+def test_compare_bad_batch_sizes_are_rejected():
+    with pytest.raises(SystemExit):
+        fcompare.main(["--time-batch-sizes", "64,zero"])
+    with pytest.raises(SystemExit):
+        fcompare.main(["--time-batch-sizes", "0"])
+
+
+# --------------------------------------------------------------------------
+# Bad inputs: clear errors, before any kernel runs
+# --------------------------------------------------------------------------
+
+
+def test_wrong_batches_into_the_model_are_clear_errors():
+    model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=0)
+    x, y = _tiny_batch(4)
+    x_dev, y_dev = cuda.to_device(x), cuda.to_device(y)
+    cases = [
+        ((cuda.to_device(x[:, 0]), y_dev), "NCHW"),  # no channel axis
+        ((cuda.to_device(np.zeros((4, 1, 28, 28), np.float32)), y_dev), r"expected \(N, 1, 12, 12\)"),
+        ((x, y), "host"),  # NumPy, not on the device
+        ((cuda.to_device(x.astype(np.float64)), y_dev), "float32"),
+        ((x_dev, cuda.to_device(y.astype(np.int64))), "int32"),
+        ((x_dev, y_dev[:3]), "one label per image"),
+        ((cuda.to_device(np.concatenate([x, x])), cuda.to_device(np.concatenate([y, y]))),
+         "max_batch"),
+    ]
+    for (xb, yb), message in cases:
+        with pytest.raises(ValueError, match=message):
+            model.train_step(xb, yb, lr=0.1)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--data-dir", "/nonexistent/mnist"], "no such directory"),
+    (["--dataset", "fashion-mnist"], "--data-dir"),
+    (["--sample", "--train-from-test", "0"], "--train-from-test 0"),
+    (["--sample", "--train-from-test", "300"], "need 0 < N < 300"),
+    (["--sample", "--batch-size", "5000", "--no-tiny"], "smaller --batch-size"),
+])
+def test_train_cli_errors(offline, capsys, argv, message):
+    assert ftrain.main(argv) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_train_cli_data_dir_without_files_is_an_error(offline, capsys):
+    (offline / "empty").mkdir()
+    assert ftrain.main(["--data-dir", str(offline / "empty")]) == 1
+    err = capsys.readouterr().err
+    assert "does not hold the mnist files" in err and "train-images-idx3-ubyte" in err
+
+
+@pytest.mark.parametrize("argv", [["--lr", "0"], ["--lr", "nan"], ["--epochs", "-1"],
+                                  ["--sample", "--data-dir", "x"], ["--max-steps", "0"]])
+def test_train_cli_rejects_bad_options(argv):
+    with pytest.raises(SystemExit):
+        ftrain.main(argv)
