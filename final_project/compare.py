@@ -16,10 +16,12 @@ Two parts, one run:
 2. Time per training step, at each of ``--time-batch-sizes``: batch copy
    host -> device (pinned) + forward + backward + SGD update (+ zero-grad for
    torch; our kernels overwrite the gradients instead), for each
-   implementation. One window = ``--time-steps`` consecutive steps (100 by
-   default) between two CUDA events; after a warm-up window the median of
-   ``--time-windows`` windows is reported, divided by the steps
-   (:func:`common.timing.benchmark`).
+   implementation. After ``--time-warmup`` untimed steps (10), each of
+   ``--time-windows`` windows (2) of ``--time-steps`` consecutive steps (100)
+   is timed between two CUDA events; the median window divided by its steps
+   is reported. Torch runs in full FP32 (TF32 off, as our kernels) unless
+   ``--torch-tf32``; cuDNN picks its algorithms by its heuristics
+   (``cudnn.benchmark`` off, torch's default).
 
 Written to ``--out``: ``compare.json`` (both histories, loss curves, the
 timing table, the GPU's name) and ``compare.png`` (loss curves; ms per step
@@ -36,6 +38,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,18 +134,20 @@ def loss_curve(history: list[dict[str, Any]], every: int) -> list[tuple[int, flo
 
 def time_steps(
     config, images: np.ndarray, labels: np.ndarray, batch_size: int, lr: float, seed: int,
-    steps: int, windows: int, device: torch.device, n_batches: int = 8,
+    steps: int, windows: int, warmup: int, device: torch.device, n_batches: int = 8,
 ) -> dict[str, Any]:
     """ms per training step for both implementations at one batch size.
 
     ``n_batches`` distinct batches are prepared in pinned host memory and
-    cycled; each step copies one to the device and trains on it. A window of
-    ``steps`` steps is timed between CUDA events, after one untimed window
-    (compilation, cuDNN autotuning, caching allocator growth).
+    cycled; each step copies one to the device and trains on it. After
+    ``warmup`` untimed steps (compilation, cuDNN's choice of algorithm, the
+    caching allocator's growth), ``windows`` windows of ``steps`` consecutive
+    steps are timed; the median window / steps is reported.
 
     Returns:
-        {"batch_size", "numba": Timing dict, "torch": Timing dict,
-         "numba_ms_per_step", "torch_ms_per_step"} (ms None in the simulator).
+        {"batch_size", "numba_ms_per_step", "torch_ms_per_step",
+         "numba_window_ms", "torch_window_ms", "numba_over_torch", ...};
+        the ms are None in the simulator.
     """
     n_batches = max(1, min(n_batches, len(labels) // batch_size))
     batches = fdata.EpochBatches(images[: n_batches * batch_size],
@@ -150,52 +155,63 @@ def time_steps(
     init = init_params(config, seed)
     model = NumbaCNN(config, max_batch=batch_size, params=init)
     stream = cuda.stream()
-    counter = {"i": 0}
 
-    def numba_window() -> None:
-        for _ in range(steps):
-            x_dev, y_dev = batches.to_device(counter["i"] % n_batches, stream=stream)
+    def numba_steps(k: int) -> None:
+        for i in range(k):
+            x_dev, y_dev = batches.to_device(i % n_batches, stream=stream)
             model.train_step(x_dev, y_dev, lr)
-            counter["i"] += 1
 
     twin = TorchCNN.from_state_dict(config, init, device)
     opt = torch.optim.SGD(twin.parameters(), lr=lr)
     xs = [_pinned(batches.host(i)[0], device) for i in range(n_batches)]
     ys = [_pinned(batches.host(i)[1], device) for i in range(n_batches)]
 
-    def torch_window() -> None:
-        for _ in range(steps):
-            i = counter["i"] % n_batches
-            torch_train_step(twin, opt, xs[i].to(device, non_blocking=True),
-                             ys[i].to(device, non_blocking=True))
-            counter["i"] += 1
+    def torch_steps(k: int) -> None:
+        for i in range(k):
+            j = i % n_batches
+            torch_train_step(twin, opt, xs[j].to(device, non_blocking=True),
+                             ys[j].to(device, non_blocking=True))
 
-    results = {"batch_size": batch_size, "steps_per_window": steps}
-    for name, fn in (("numba", numba_window), ("torch", torch_window)):
-        if device.type == "cpu" and name == "torch" and not common.is_simulator():
-            t = _time_on_cpu(fn, windows)
-        else:
-            t = common.benchmark(fn, f"{name} batch {batch_size}", warmup=0, repeats=windows)
-        results[name] = t.as_dict()
-        results[f"{name}_ms_per_step"] = t.median_ms / steps if t.measured else None
+    results: dict[str, Any] = {"batch_size": batch_size, "steps_per_window": steps,
+                               "windows": windows, "warmup_steps": warmup}
+    for name, run, on_gpu in (("numba", numba_steps, True),
+                              ("torch", torch_steps, device.type == "cuda")):
+        window_ms = _time_windows(run, steps, windows, warmup, on_gpu)
+        results[f"{name}_window_ms"] = window_ms
+        results[f"{name}_ms_per_step"] = (
+            float(np.median(window_ms)) / steps if window_ms else None)
     if results["numba_ms_per_step"] and results["torch_ms_per_step"]:
         results["numba_over_torch"] = results["numba_ms_per_step"] / results["torch_ms_per_step"]
     return results
 
 
-def _time_on_cpu(fn, windows: int):
-    """Host-clock timing for torch on the CPU (no CUDA events there)."""
-    import statistics
-    import time
+def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool) -> list[float]:
+    """ms of each of ``windows`` windows of ``steps`` steps, after ``warmup`` steps.
 
-    fn()
+    On the GPU, CUDA events on the legacy default stream (where our kernels and
+    torch's default stream both run) bracket each window, after a device-wide
+    synchronise so the window starts empty. Torch on a CPU-only machine is
+    timed with the host clock. In the simulator the warm-up steps run (so the
+    path is exercised) and nothing is timed.
+    """
+    run_steps(warmup)
+    if common.is_simulator():
+        return []
     times = []
     for _ in range(windows):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return common.Timing(name="torch (CPU)", median_ms=statistics.median(times),
-                  p10_ms=min(times), p90_ms=max(times), repeats=windows)
+        cuda.synchronize()
+        if on_gpu:
+            start, end = cuda.event(), cuda.event()
+            start.record()
+            run_steps(steps)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            run_steps(steps)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 # --------------------------------------------------------------------------
@@ -278,8 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-batch-sizes", type=_batch_sizes, default=None, metavar="B1,B2",
                    help="batch sizes for the timing table (default 64,256,1024; tiny: 8)")
     p.add_argument("--time-steps", type=int, default=None,
-                   help="steps per timed window (default 100; tiny: 2)")
-    p.add_argument("--time-windows", type=int, default=3, help="timed windows (median kept)")
+                   help="steps per timed window (default 100; tiny: 1)")
+    p.add_argument("--time-windows", type=int, default=2, help="timed windows (median kept)")
+    p.add_argument("--time-warmup", type=int, default=None,
+                   help="untimed steps before the windows (default 10; tiny: 1)")
+    p.add_argument("--torch-tf32", action="store_true",
+                   help="let torch use TF32 tensor cores (default off: both sides full FP32)")
     args = p.parse_args(argv)
     timing_only = args.epochs == 0
     ftrain.resolve_args(args)  # (turns --epochs 0 into the default)
@@ -288,8 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     tiny = args.tiny
     loss_every = args.loss_every or (2 if tiny else 50)
     time_sizes = args.time_batch_sizes or ([8] if tiny else [64, 256, 1024])
-    time_steps_n = args.time_steps or (2 if tiny else 100)
-    windows = 1 if common.is_simulator() else args.time_windows
+    time_steps_n = args.time_steps or (1 if tiny else 100)
+    warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else 10)
+    windows = args.time_windows
+    if min(time_steps_n, windows) < 1 or warmup < 0:
+        p.error("--time-steps and --time-windows must be >= 1, --time-warmup >= 0")
+    # torch's default lets cuDNN convolutions use TF32 (10-bit mantissa); our
+    # kernels are FP32, so the default comparison turns TF32 off on both paths.
+    torch.backends.cudnn.allow_tf32 = args.torch_tf32
+    torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
     device = torch_device()
     gpu = ftrain.device_name()
     print(f"runtime: {common.runtime_name()} ({gpu}); torch on {device}")
@@ -347,12 +374,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"timing: skipping batch {b}: only {len(y_train)} training images")
             continue
         timing.append(time_steps(config, x_train, y_train, b, args.lr, args.seed,
-                                 time_steps_n, windows, device))
+                                 time_steps_n, windows, warmup, device))
     print(format_timing_table(timing, gpu, str(device)))
 
     result = {
         "device": gpu, "runtime": common.runtime_name(), "torch_device": str(device),
-        "torch_version": torch.__version__, "config": dataclasses.asdict(config),
+        "torch_version": torch.__version__, "torch_tf32": args.torch_tf32,
+        "config": dataclasses.asdict(config),
         "dataset": ds.name, "source": ds.source, "is_sample": ds.is_sample,
         "accuracy_run": {
             "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,

@@ -235,3 +235,19 @@ def test_train_cli_data_dir_without_files_is_an_error(offline, capsys):
 def test_train_cli_rejects_bad_options(argv):
     with pytest.raises(SystemExit):
         ftrain.main(argv)
+
+
+def test_compare_timing_windows_path(monkeypatch):
+    # The GPU branch of the timing loop, exercised here (the simulator's events
+    # return meaningless times; only the path and the bookkeeping are checked).
+    monkeypatch.setattr(common, "is_simulator", lambda: False)
+    calls = []
+    times = fcompare._time_windows(calls.append, steps=3, windows=2, warmup=1, on_gpu=True)
+    assert calls == [1, 3, 3] and len(times) == 2
+    calls.clear()
+    times = fcompare._time_windows(calls.append, steps=2, windows=3, warmup=0, on_gpu=False)
+    assert calls == [0, 2, 2, 2] and all(t >= 0 for t in times) and len(times) == 3
+    table = fcompare.format_timing_table(
+        [{"batch_size": 64, "numba_ms_per_step": 2.0, "torch_ms_per_step": 0.5,
+          "numba_over_torch": 4.0}], "H100", "cuda")
+    assert "64" in table and "4.0" in table and "32000" in table  # 64 / 2 ms = 32000 img/s
