@@ -225,6 +225,74 @@ def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> 
         )
 
 
+_shape_verdicts: dict[tuple[str, int], str | None] = {}
+_parsed_files: dict[str, Any] = {}
+
+
+def _shape_problem(node: Any, frame: Any) -> str | None:
+    """Why the AST ``node`` of an array shape is not a compile-time constant, or None."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return None
+    if isinstance(node, ast.Tuple):
+        for elt in node.elts:
+            problem = _shape_problem(elt, frame)
+            if problem:
+                return problem
+        return None
+    if isinstance(node, ast.Attribute):  # module.CONSTANT
+        return None
+    if isinstance(node, ast.Name):
+        code = frame.f_code
+        if node.id in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
+            return f"`{node.id}` is a kernel argument, known only at launch"
+        return None  # a global or closure constant (or a local numba can fold)
+    return f"`{ast.unparse(node)}` is computed inside the kernel"
+
+
+def check_constant_shape(frame: Any, what: str) -> None:
+    """Raise LaunchConfigError if the array shape at ``frame``'s line is not constant.
+
+    On a GPU, ``cuda.shared.array`` and ``cuda.local.array`` need shapes fixed at
+    compile time: int literals, or module-level / closure ints, or tuples of
+    them. An expression such as ``TILE + 1`` inside the kernel is an int64
+    there and the kernel fails to compile, while the simulator would accept it.
+    """
+    import ast
+
+    key = (frame.f_code.co_filename, frame.f_lineno)
+    if key not in _shape_verdicts:
+        verdict = None
+        tree = _parsed_files.get(key[0])
+        if tree is None:
+            try:
+                with open(key[0]) as f:
+                    tree = ast.parse(f.read())
+            except (OSError, SyntaxError):
+                tree = False
+            _parsed_files[key[0]] = tree
+        if tree:
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "array"
+                        and node.lineno <= key[1] <= (node.end_lineno or node.lineno)):
+                    shape = node.args[0] if node.args else next(
+                        (k.value for k in node.keywords if k.arg == "shape"), None)
+                    if shape is not None:
+                        verdict = _shape_problem(shape, frame)
+                        break
+        _shape_verdicts[key] = verdict
+    problem = _shape_verdicts[key]
+    if problem:
+        raise LaunchConfigError(
+            f"{what} at {key[0]}:{key[1]}: the shape must be a compile-time constant on a "
+            f"GPU, but {problem}. Use int literals or module-level constants "
+            "(e.g. TILE_PADDED = TILE + 1 at the top of the file), or capture the ints "
+            "in a kernel factory's closure."
+        )
+
+
 def _install_simulator_checks() -> None:
     import numpy as np
     from numba.cuda.simulator import kernel as sim_kernel
@@ -260,10 +328,13 @@ def _install_simulator_checks() -> None:
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
-        # per source line, shared by the block), plus the 48 KiB limit. The
-        # caller's frame is taken explicitly because the simulator keys on it.
-        if alignment is not None:
-            raise RuntimeError("Array alignment is not supported in cudasim")
+        # per source line, shared by the block), plus the GPU's rules: a
+        # compile-time constant shape and at most 48 KiB per block. `alignment`
+        # only steers code generation, so it is accepted and ignored here (the
+        # simulator's own version raises). The caller's frame is taken
+        # explicitly because the simulator keys allocations on it.
+        frame = sys._getframe(1)
+        check_constant_shape(frame, "cuda.shared.array")
         from numba.core import types
         from numba.np import numpy_support
 
@@ -273,7 +344,6 @@ def _install_simulator_checks() -> None:
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
             return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-        frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)
         # The simulator's own version checks and creates without a lock: with
         # fine thread switching two threads of a block could each create
@@ -297,7 +367,13 @@ def _install_simulator_checks() -> None:
             self._allocations[caller] = res
         return res
 
+    def local_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
+        check_constant_shape(sys._getframe(1), "cuda.local.array")
+        return original_local_array(self, shape, dtype)
+
+    original_local_array = sim_api.FakeCUDALocal.array
     sim_api.FakeCUDAShared.array = shared_array
+    sim_api.FakeCUDALocal.array = local_array
     kernel_cls._course_checks = True
 
 

@@ -121,6 +121,56 @@ def test_shared_arrays_on_different_lines_do_not_alias():
     np.testing.assert_array_equal(out.copy_to_host(), [3 + 0, 2 + 10, 1 + 20, 0 + 30])
 
 
+_TILE = 4
+_TILE_PADDED = _TILE + 1
+
+
+@cuda.jit
+def _shared_shape_computed(out):
+    s = cuda.shared.array((_TILE, _TILE + 1), dtype=np.float32)  # GPU: int64 shape, no compile
+    s[0, 0] = 1.0
+    out[0] = s[0, 0]
+
+
+@cuda.jit
+def _shared_shape_constant(out):
+    s = cuda.shared.array((_TILE, _TILE_PADDED), dtype=np.float32)
+    s[0, 0] = 1.0
+    out[0] = s[0, 0]
+
+
+@cuda.jit
+def _local_shape_from_argument(out, n):
+    s = cuda.local.array(n, dtype=np.float32)
+    s[0] = 1.0
+    out[0] = s[0]
+
+
+def _closure_kernel(tile):
+    @cuda.jit
+    def kernel(out):
+        s = cuda.shared.array(tile, dtype=np.float32)  # closure ints are constants
+        s[0] = 1.0
+        out[0] = s[0]
+
+    return kernel
+
+
+@sim_only
+def test_simulator_refuses_shapes_a_gpu_cannot_compile():
+    with pytest.raises(LaunchConfigError, match="computed inside the kernel"):
+        _shared_shape_computed[1, 1](poisoned(1))
+    with pytest.raises(LaunchConfigError, match="kernel argument"):
+        _local_shape_from_argument[1, 1](poisoned(1), 4)
+
+
+def test_constant_shapes_are_accepted():
+    for kernel in (_shared_shape_constant, _closure_kernel(8)):
+        out = poisoned(1)
+        kernel[1, 1](out)
+        assert out.copy_to_host()[0] == 1.0
+
+
 # ---------------------------------------------------------------- checking
 
 
