@@ -121,9 +121,23 @@ def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
     raise CheckError(msg)
 
 
+# A quiet NaN with a payload no arithmetic produces (a GPU returns its canonical
+# NaN from any operation on NaNs). Guard cells compare bit patterns, so a kernel
+# that writes a computed NaN out of bounds -- say, after reading someone else's
+# poisoned cells -- is still caught.
+_POISON_BITS = {
+    np.dtype(np.float16): np.uint16(0x7E5A),
+    np.dtype(np.float32): np.uint32(0x7FC0DEAD),
+    np.dtype(np.float64): np.uint64(0x7FF80000DEADBEEF),
+}
+
+
 def poison_value(dtype: Any) -> Any:
-    """NaN for floats; the minimum (signed) or maximum (unsigned) for integers."""
+    """A NaN with a distinctive payload for floats; the minimum (signed) or
+    maximum (unsigned) for integers; True for booleans."""
     dt = np.dtype(dtype)
+    if dt in _POISON_BITS:
+        return _POISON_BITS[dt].view(dt)
     if dt.kind in "fc":
         return np.nan
     if dt.kind == "i":
@@ -158,9 +172,10 @@ class Guarded:
 
     def outside_untouched(self) -> bool:
         outside = self.outside_values()
-        if outside.dtype.kind in "fc":
-            return bool(np.all(np.isnan(outside)))
-        return bool(np.all(outside == poison_value(outside.dtype)))
+        poison = np.full(1, poison_value(outside.dtype), dtype=outside.dtype)
+        # Compare bits, not values: NaN != NaN, and a computed NaN is not poison.
+        return bool(np.all(outside.view(np.uint8).reshape(outside.size, -1)
+                           == poison.view(np.uint8)))
 
     def check_untouched(self, name: str = "output") -> None:
         """Raise CheckError if the kernel wrote outside ``array``."""

@@ -330,6 +330,21 @@ class LogSoftmaxNLL(_Layer):
 # ---------------------------------------------------------------------------
 
 
+def _is_c_contiguous(a: Any) -> bool:
+    """Row-major with no gaps, ignoring the strides of length-1 axes.
+
+    NumPy ignores them too (``images[:, None]`` is contiguous to NumPy, with a
+    stride of 0 on the new axis); Numba's device arrays on a GPU do not, so
+    their own ``is_c_contiguous()`` would refuse such a batch.
+    """
+    expected = a.dtype.itemsize
+    for dim, stride in zip(reversed(a.shape), reversed(a.strides)):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
 def _as_device_array(a: Any, name: str) -> Any:
     if isinstance(a, np.ndarray):
         raise ValueError(
@@ -469,7 +484,7 @@ class NumbaCNN:
                              f"{self.max_batch} (make the model with a larger max_batch)")
         if x.dtype != np.float32:
             raise ValueError(f"x has dtype {x.dtype}, expected float32 (x.astype(np.float32))")
-        if not x.is_c_contiguous():
+        if not _is_c_contiguous(x):
             raise ValueError("x is not C-contiguous; copy it with np.ascontiguousarray "
                              "before cuda.to_device")
         if y is None:
@@ -479,7 +494,7 @@ class NumbaCNN:
             raise ValueError(f"y has shape {tuple(y.shape)}, expected ({n},): one label per image")
         if y.dtype != np.int32:
             raise ValueError(f"y has dtype {y.dtype}, expected int32 (y.astype(np.int32))")
-        if not y.is_c_contiguous():
+        if not _is_c_contiguous(y):
             raise ValueError("y is not contiguous; copy it with np.ascontiguousarray")
         return x, y
 

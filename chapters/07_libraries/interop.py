@@ -45,6 +45,9 @@ def wrap_for_numba(t):
         raise ValueError("tensor requires grad: pass t.detach() (same memory, no autograd)")
     if is_simulator():
         return cuda.to_device(t.numpy())
+    if not t.is_cuda:
+        raise ValueError(f"tensor is on {t.device}; move it first with t.cuda() "
+                         "(a Numba view needs GPU memory)")
     return cuda.as_cuda_array(t)
 
 
@@ -61,7 +64,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/07_libraries")
     args = p.parse_args(argv)
-    t = torch.randn(64, requires_grad=True)
+    on_gpu = not is_simulator() and torch.cuda.is_available()
+    t = torch.randn(64, requires_grad=True, device="cuda" if on_gpu else "cpu")
     try:
         wrap_for_numba(t)
         raise CheckError("a requires_grad tensor was wrapped silently")
