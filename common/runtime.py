@@ -95,6 +95,12 @@ def _select() -> tuple[str, str]:
 
 RUNTIME, REASON = _select()
 
+# Numba warns "Grid size N will likely result in GPU under-utilization" on every
+# small launch; the course launches small grids on purpose (tests, one-block
+# demos) and measures occupancy where it matters, so the warning is off unless
+# the user asks for it.
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
+
 
 def is_simulator() -> bool:
     """True when kernels run in Numba's CUDA simulator rather than on a GPU."""
