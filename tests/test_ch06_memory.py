@@ -3,12 +3,21 @@
 Each ``check_*`` takes the exercise's host function and raises (CheckError,
 IndexError, AssertionError) on a wrong kernel. The ``test_broken_*`` tests prove
 the checks bite: a kernel missing a barrier, a bounds check or an atomic fails.
+
+A missing ``cuda.syncthreads()`` is a race, and a race shows only when a thread
+reads a slot before its writer has stored it. In the simulator (threads
+interleaved) that happens at any size. On a GPU the 32 threads of a warp execute
+in step, and warps leave a barrier together, so a read goes stale only when it
+crosses into ANOTHER warp that has fallen behind (its global load came back
+later). The broken-barrier tests therefore add, on a GPU, a large input (many
+blocks in flight, several warps each) and repeat it; where even that cannot show
+the bug on a GPU, the test runs in the simulator only and says why.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError, check, guarded, hostile_sizes, random_array
 from common.exercises import implementations, load_chapter_module
-from common.runtime import ceil_div
+from common.runtime import ceil_div, is_simulator
 
 import math
 
@@ -18,9 +27,25 @@ from numba import cuda, float32, int32
 
 sol = load_chapter_module("06_memory", "solutions")
 BLOCK, TILE, ROWS, NBINS, RADIUS = sol.BLOCK, sol.TILE, sol.ROWS, sol.NBINS, sol.RADIUS
+TILE_PADDED, HALO_BLOCK = sol.TILE_PADDED, sol.HALO_BLOCK  # shared shapes: module-level ints
 ZERO, ONE_I32, NEG_INF = sol.ZERO, sol.ONE_I32, sol.NEG_INF
 FAILS = (CheckError, IndexError, AssertionError)
 IMPLS = implementations("06_memory")
+# GPU only: sizes and repeats that give warps time to drift apart (see the docstring);
+# 2**22 elements = 65536 blocks of BLOCK threads, a fraction of a second a trial
+RACE_SIZES = [] if is_simulator() else [1 << 22]
+RACE_TRIALS = 8
+SIM_TRIALS = 3  # simulator: a race is missed at all hostile sizes about 1 time in 40
+
+
+def fails_in_some_trial(check_fn, fn, rng):
+    """Run ``check_fn(fn, rng)`` at its hostile sizes (SIM_TRIALS times in the
+    simulator), then on a GPU RACE_TRIALS times at RACE_SIZES; the first wrong
+    result raises out of here."""
+    for _ in range(SIM_TRIALS if is_simulator() else 1):
+        check_fn(fn, rng)
+    for _ in range(RACE_TRIALS if RACE_SIZES else 0):
+        check_fn(fn, rng, sizes=RACE_SIZES)
 
 
 def with_junk_after(host: np.ndarray, junk: float = 1e6):
@@ -31,8 +56,8 @@ def with_junk_after(host: np.ndarray, junk: float = 1e6):
 
 
 # ---------------------------------------------------------------- checks
-def check_shift_left(fn, rng):
-    for n in [2] + [max(n, 2) for n in hostile_sizes(BLOCK, rng)]:
+def check_shift_left(fn, rng, sizes=None):
+    for n in sizes or [2] + [max(n, 2) for n in hostile_sizes(BLOCK, rng)]:
         x = random_array(n, np.float32, rng)
         out = guarded(n - 1)
         fn(cuda.to_device(x), out.array)
@@ -40,8 +65,8 @@ def check_shift_left(fn, rng):
         out.check_untouched()
 
 
-def check_block_sums(fn, rng):
-    for n in hostile_sizes(BLOCK, rng):
+def check_block_sums(fn, rng, sizes=None):
+    for n in sizes or hostile_sizes(BLOCK, rng):
         x = random_array(n, np.float32, rng)
         nb = ceil_div(n, BLOCK)
         ref = np.array([x[b * BLOCK:(b + 1) * BLOCK].astype(np.float64).sum() for b in range(nb)])
@@ -74,6 +99,8 @@ def check_argmax(fn, rng):
 def check_transpose(fn, rng):
     shapes = [(1, 1), (TILE - 1, TILE + 1), (2 * TILE + 3, TILE + 5),
               (int(rng.integers(1, 3 * TILE)), int(rng.integers(1, 3 * TILE)))]
+    if not is_simulator():  # many blocks in flight: a missing barrier shows on a GPU too
+        shapes.append((2048 + 3, 3072 + 5))
     for rows, cols in shapes:
         a = random_array((rows, cols), np.float32, rng)
         out = guarded((cols, rows))
@@ -94,8 +121,8 @@ def check_histogram(fn, rng, sizes=None):
             bins.check_untouched()
 
 
-def check_scan(fn, rng):
-    for n in hostile_sizes(BLOCK, rng):
+def check_scan(fn, rng, sizes=None):
+    for n in sizes or hostile_sizes(BLOCK, rng):
         x = rng.integers(-50, 51, n).astype(np.int32)
         out = guarded(n, np.int32)
         fn(cuda.to_device(x), out.array)
@@ -201,8 +228,12 @@ def shift_left_no_barrier(x, out):
 
 
 def test_broken_shift_left_without_barrier_fails(rng):
+    # on a GPU only thread 31 of each warp reads another warp's slot: many blocks needed
+    def shift_left(x, out):
+        shift_left_no_barrier[ceil_div(x.size, BLOCK), BLOCK](x, out)
+
     with pytest.raises(FAILS):
-        check_shift_left(lambda x, out: shift_left_no_barrier[ceil_div(x.size, BLOCK), BLOCK](x, out), rng)
+        fails_in_some_trial(check_shift_left, shift_left, rng)
 
 
 @cuda.jit
@@ -239,8 +270,11 @@ def block_sums_no_barrier(x, out):
 @pytest.mark.parametrize("kernel", [block_sums_no_bounds, block_sums_no_barrier],
                          ids=["no-bounds-check", "no-barrier"])
 def test_broken_block_sums_fail(kernel, rng):
+    def block_sums(x, out):
+        kernel[out.size, BLOCK](x, out)
+
     with pytest.raises(FAILS):
-        check_block_sums(lambda x, out: kernel[out.size, BLOCK](x, out), rng)
+        fails_in_some_trial(check_block_sums, block_sums, rng)
 
 
 @cuda.jit
@@ -296,15 +330,22 @@ def argmax_no_barrier(x, block_val, block_idx):
         block_idx[cuda.blockIdx.x] = si[0]
 
 
+@pytest.mark.skipif(
+    not is_simulator(),
+    reason="simulator only: on a GPU a stale read (warp 0 reading warp 1's slots before "
+           "warp 1 stored them) corrupts only its own block's partial result, and the "
+           "check sees one (value, index) for the whole array, decided by a single block: "
+           "that block would have to be the one hit, which a GPU run rarely makes happen")
 def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
     monkeypatch.setattr(sol, "argmax_kernel", argmax_no_barrier)
     with pytest.raises(FAILS):
-        check_argmax(sol.argmax, rng)
+        for _ in range(SIM_TRIALS):
+            check_argmax(sol.argmax, rng)
 
 
 @cuda.jit
 def transpose_no_bounds(a, out):
-    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     x = cuda.blockIdx.x * TILE + tx
@@ -321,7 +362,7 @@ def transpose_no_bounds(a, out):
 
 @cuda.jit
 def transpose_no_barrier(a, out):
-    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     x = cuda.blockIdx.x * TILE + tx
@@ -343,7 +384,8 @@ def test_broken_transpose_fails(kernel, rng):
         kernel[(ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE)), (TILE, ROWS)](a, out)
 
     with pytest.raises(FAILS):
-        check_transpose(transpose, rng)
+        for _ in range(SIM_TRIALS if is_simulator() else RACE_TRIALS):  # GPU: a big shape too
+            check_transpose(transpose, rng)
 
 
 @cuda.jit
@@ -391,6 +433,27 @@ def test_broken_private_histogram_without_atomic_fails(rng):
 
 
 @cuda.jit
+def block_scan_no_load_barrier(x, out, sums):
+    s = cuda.shared.array(BLOCK, int32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s[t] = x[i] if i < x.size else 0
+    # missing barrier here: the first step reads s[t - 1], maybe before thread t - 1
+    # stored it (on a GPU: thread 32 reading warp 0's last slot)
+    offset = 1
+    while offset < BLOCK:
+        v = s[t - offset] if t >= offset else 0
+        cuda.syncthreads()
+        s[t] += v
+        cuda.syncthreads()
+        offset *= 2
+    if i < out.size:
+        out[i] = s[t]
+    if t == BLOCK - 1:
+        sums[cuda.blockIdx.x] = s[t]
+
+
+@cuda.jit
 def block_scan_one_barrier(x, out, sums):
     s = cuda.shared.array(BLOCK, int32)
     t = cuda.threadIdx.x
@@ -409,15 +472,23 @@ def block_scan_one_barrier(x, out, sums):
         sums[cuda.blockIdx.x] = s[t]
 
 
-def test_broken_scan_without_barrier_fails(rng, monkeypatch):
-    monkeypatch.setattr(sol, "block_scan_kernel", block_scan_one_barrier)
+@pytest.mark.parametrize("kernel", [
+    block_scan_no_load_barrier,
+    pytest.param(block_scan_one_barrier, marks=pytest.mark.skipif(
+        not is_simulator(),
+        reason="simulator only: on a GPU every warp leaves the previous barrier at the same "
+               "moment and the racing read and write are a few instructions apart, so a "
+               "warp almost never overwrites a slot before another warp has read it")),
+], ids=["no-barrier-after-load", "no-barrier-between-read-and-write"])
+def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
+    monkeypatch.setattr(sol, "block_scan_kernel", kernel)
     with pytest.raises(FAILS):
-        check_scan(sol.scan_inclusive, rng)
+        fails_in_some_trial(check_scan, sol.scan_inclusive, rng)
 
 
 @cuda.jit
 def stencil_no_halo(x, w, out):
-    tile = cuda.shared.array(BLOCK + 2 * RADIUS, float32)
+    tile = cuda.shared.array(HALO_BLOCK, float32)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
     tile[t + RADIUS] = x[i] if i < x.size else ZERO  # the halo cells are never loaded

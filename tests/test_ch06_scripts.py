@@ -5,6 +5,7 @@ public launchers refuse bad inputs, and the README's code blocks match the chapt
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.exercises import chapter_dir, load_chapter_module
 from common.readme_sync import sync_readme
+from common.runtime import pick
 
 import json
 
@@ -45,7 +46,10 @@ def test_benchmark_writes_table_json_and_plot(tmp_path):
 
 
 def test_shift_left_without_barrier_goes_wrong():
-    assert load_chapter_module(CH, "shared_memory").race_demo(2 * 128 + 3, trials=2) > 0
+    # default sizes: a few blocks in the simulator, 2**22 elements on a GPU, where only
+    # a read across two warps can go stale (see race_demo's docstring)
+    wrong = load_chapter_module(CH, "shared_memory").race_demo(trials=pick(gpu=5, simulator=2))
+    assert any(w > 0 for w in wrong), f"no run went wrong: {wrong}"
 
 
 def test_two_pass_reduction_is_deterministic():

@@ -28,6 +28,9 @@ from numba import cuda, int32
 launch = common.import_sibling(__file__, "launch")
 
 BLOCK = 256  # threads per block (a power of two: both trees halve evenly)
+# Blelloch: elements a block. A module-level int because a shared array's shape must
+# be a compile-time constant: `2 * BLOCK` written inside a kernel is a runtime int64
+CHUNK = 2 * BLOCK
 
 
 def scan_cpu(x: np.ndarray) -> np.ndarray:
@@ -59,9 +62,9 @@ def scan_hillis_steele(x, out, sums):
 # version 2: Blelloch: work-efficient exclusive scan of 2 * BLOCK elements, then + x
 @cuda.jit
 def scan_blelloch(x, out, sums):
-    s = cuda.shared.array(2 * BLOCK, int32)
+    s = cuda.shared.array(CHUNK, int32)
     t = cuda.threadIdx.x
-    base = cuda.blockIdx.x * 2 * BLOCK
+    base = cuda.blockIdx.x * CHUNK
     i0 = base + t
     i1 = base + t + BLOCK
     x0 = x[i0] if i0 < x.size else 0
@@ -79,10 +82,10 @@ def scan_blelloch(x, out, sums):
         offset *= 2
         d //= 2
     if t == 0:
-        sums[cuda.blockIdx.x] = s[2 * BLOCK - 1]
-        s[2 * BLOCK - 1] = 0
+        sums[cuda.blockIdx.x] = s[CHUNK - 1]
+        s[CHUNK - 1] = 0
     d = 1
-    while d < 2 * BLOCK:  # down-sweep: swap-and-add turns the tree into prefixes
+    while d < CHUNK:  # down-sweep: swap-and-add turns the tree into prefixes
         offset //= 2
         cuda.syncthreads()
         if t < d:
@@ -119,7 +122,7 @@ def scan(kernel, x, out, level: int = 0) -> None:
     if x.dtype != np.int32 or out.dtype != np.int32 or x.ndim != 1 or out.shape != x.shape:
         raise ValueError(f"x and out must be 1-D int32 of one length, got {x.dtype} "
                          f"{x.shape} and {out.dtype} {out.shape}")
-    chunk = 2 * BLOCK if kernel is scan_blelloch else BLOCK
+    chunk = CHUNK if kernel is scan_blelloch else BLOCK
     blocks = ceil_div(x.size, chunk)
     sums = launch.scratch(blocks, np.int32, f"scan sums {level}")
     kernel[blocks, BLOCK](x, out, sums)

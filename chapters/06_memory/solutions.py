@@ -16,6 +16,10 @@ TILE = 16      # transpose tile edge
 ROWS = 4       # transpose block is TILE x ROWS threads
 NBINS = 16     # histogram bins (few bins: many threads collide)
 RADIUS = 2     # stencil halo width
+# shared array shapes must be compile-time constants (module-level ints), never
+# `TILE + 1` computed inside a kernel: the GPU compiler refuses that
+TILE_PADDED = TILE + 1           # transpose tile row: one spare column
+HALO_BLOCK = BLOCK + 2 * RADIUS  # stencil tile: the block's slice plus both halos
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 ONE_I32 = np.int32(1)
@@ -135,7 +139,7 @@ def argmax(x):
 # ---------------------------------------------------------------- 6.5 tiled transpose
 @cuda.jit
 def transpose_kernel(a, out):
-    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     x = cuda.blockIdx.x * TILE + tx
@@ -239,7 +243,7 @@ def scan_inclusive(x, out):
 # ---------------------------------------------------------------- 6.9 1-D stencil with halo
 @cuda.jit
 def stencil_kernel(x, w, out):
-    tile = cuda.shared.array(BLOCK + 2 * RADIUS, float32)
+    tile = cuda.shared.array(HALO_BLOCK, float32)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
     tile[t + RADIUS] = x[i] if i < x.size else ZERO

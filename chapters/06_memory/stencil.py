@@ -32,6 +32,10 @@ BLOCK = 256   # 1-D: threads per block = outputs per block
 RADIUS = 3    # 1-D halo width
 TILE = 16     # 2-D: outputs per block along each axis (16 x 16 threads)
 R2 = 2        # 2-D halo width
+# shared array shapes must be compile-time constants, so the haloed tile sizes are
+# module-level ints (`BLOCK + 2 * RADIUS` inside a kernel would be a runtime int64)
+HALO_BLOCK = BLOCK + 2 * RADIUS  # 1-D: a block's inputs plus both halos
+HALO_TILE = TILE + 2 * R2        # 2-D: edge of the haloed tile
 ZERO = np.float32(0.0)
 
 
@@ -65,7 +69,7 @@ def stencil_1d_naive(x, w, out):
 # version 2 (1-D): tile + halo in shared memory: one global load an input
 @cuda.jit
 def stencil_1d_smem(x, w, out):
-    tile = cuda.shared.array(BLOCK + 2 * RADIUS, float32)
+    tile = cuda.shared.array(HALO_BLOCK, float32)
     t = cuda.threadIdx.x
     i = cuda.grid(1)
     tile[t + RADIUS] = x[i] if i < x.size else ZERO
@@ -102,15 +106,15 @@ def conv2d_naive(img, w, out):
 # version 2 (2-D): a (TILE + 2 R2)^2 tile in shared memory, loaded in TILE-strided sweeps
 @cuda.jit
 def conv2d_smem(img, w, out):
-    tile = cuda.shared.array((TILE + 2 * R2, TILE + 2 * R2), float32)
+    tile = cuda.shared.array((HALO_TILE, HALO_TILE), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     x0 = cuda.blockIdx.x * TILE - R2  # top-left corner of the haloed tile
     y0 = cuda.blockIdx.y * TILE - R2
     h = img.shape[0]
     wd = img.shape[1]
-    for yy in range(ty, TILE + 2 * R2, TILE):
-        for xx in range(tx, TILE + 2 * R2, TILE):
+    for yy in range(ty, HALO_TILE, TILE):
+        for xx in range(tx, HALO_TILE, TILE):
             gy = y0 + yy
             gx = x0 + xx
             inside = 0 <= gy < h and 0 <= gx < wd

@@ -32,6 +32,9 @@ launch = common.import_sibling(__file__, "launch")
 
 TILE = 32  # tile edge: one warp spans a tile row, so a tile row is one 128-byte line
 ROWS = 8   # threads per block along y; each thread copies TILE // ROWS rows
+# shared array shapes must be compile-time constants: a module-level int, not
+# `TILE + 1` computed inside the kernel (Numba types that as a runtime int64)
+TILE_PADDED = TILE + 1  # one spare column: a tile column spans all 32 banks
 
 
 def transpose_cpu(a: np.ndarray) -> np.ndarray:
@@ -84,7 +87,7 @@ def transpose_smem(a, out):
 # version 3: version 2 with a padded TILE x (TILE + 1) tile: no bank conflicts
 @cuda.jit
 def transpose_smem_padded(a, out):
-    tile = cuda.shared.array((TILE, TILE + 1), float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     x = cuda.blockIdx.x * TILE + tx
