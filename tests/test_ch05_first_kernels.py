@@ -270,5 +270,7 @@ def test_script_main(script, tmp_path):
 def test_out_of_bounds_demo_detects_the_overrun():
     oob = load_chapter_module(CHAPTER, "out_of_bounds")
     outcome = oob.launch_without_bounds_check(n=100, threads_per_block=64)
-    expected = "IndexError" if is_simulator() else "guard cells written"
-    assert expected in outcome
+    if is_simulator():
+        assert outcome.startswith("IndexError")
+    else:  # 128 threads for 100 elements: 28 stray writes land in the guard cells
+        assert outcome.startswith("no error raised; 28 guard cells written"), outcome
