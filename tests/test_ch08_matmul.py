@@ -168,12 +168,65 @@ def test_every_script_version_matches_float64(m, n, k, rng):
     a_h, b_h, a, b = _operands(m, n, k, rng)
     ref = mm.matmul_reference(a_h, b_h)
     versions = dict(mm.gpu_versions())
-    versions["10 tuned"] = (lambda a, b, c: mm.matmul_best(a, b, c), None)
+    versions["11 tuned"] = (lambda a, b, c: mm.matmul_best(a, b, c), None)
     for name, (launch, _) in versions.items():
         out = guarded((m, n), np.float32)
         launch(a, b, out.array)
         check(out.array, ref, tol=1e-5, name=name)
         out.check_untouched(name)
+
+
+# Sizes that are multiples of the simulator's tile shapes: v10's unguarded kernel runs.
+DIVISIBLE = [(16, 16, 4), (32, 48, 12), (48, 16, 20)]
+
+
+@pytest.mark.parametrize("m, n, k", DIVISIBLE)
+def test_unguarded_kernel_on_divisible_sizes(m, n, k, rng):
+    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
+    _run_checked(lambda a, b, c: mm.launch_unguarded(fast, a, b, c), m, n, k, rng)
+
+
+def test_unguarded_kernel_refuses_ragged_sizes(rng):
+    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
+    bm, bn = fast.tile
+    for m, n, k in ((bm + 1, bn, fast.bk), (bm, bn - 1, fast.bk), (bm, bn, fast.bk + 2)):
+        a = cuda.to_device(random_array((m, k), np.float32, rng))
+        b = cuda.to_device(random_array((k, n), np.float32, rng))
+        with pytest.raises(ValueError, match="multiples|%"):
+            mm.launch_unguarded(fast, a, b, cuda.device_array((m, n), np.float32))
+
+
+@pytest.mark.parametrize("shape", mm.TUNE_SHAPES)
+def test_fast_path_chooses_kernel_by_size(shape, rng):
+    """make_matmul_fast: divisible sizes go to the unguarded kernel, ragged ones to
+    the guarded one; both must be right (each kernel counts its launches here)."""
+    launch = mm.make_matmul_fast(*shape)
+    bm, bn, bk = shape[:3]
+    used = []
+    real = mm.launch_unguarded, mm.launch_blocktiled
+    try:
+        mm.launch_unguarded = lambda *args: (used.append("fast"), real[0](*args))
+        mm.launch_blocktiled = lambda *args: (used.append("edge"), real[1](*args))
+        _run_checked(launch, bm, 2 * bn, 2 * bk, rng)
+        _run_checked(launch, bm + 3, bn - 1, bk + 1, rng)
+    finally:
+        mm.launch_unguarded, mm.launch_blocktiled = real
+    assert used == ["fast", "edge"]
+
+
+def test_unguarded_kernel_on_ragged_sizes_fails(rng):
+    """Launched past the edge (what the size check prevents), the kernel without
+    guards writes outside C or reads past A and B: the checks catch it."""
+    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
+    bm, bn = fast.tile
+    m, n, k = bm + 5, bn + 3, fast.bk * 2
+    a_h, b_h, a, b = _operands(m, n, k, rng)
+    out = guarded((m, n), np.float32)
+    with pytest.raises((CheckError, IndexError)):
+        fast[(ceil_div(n, bn), ceil_div(m, bm)), fast.threads](
+            a.reshape(m * k), b.reshape(k * n), out.array.reshape(m * n), n, k)
+        check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5)
+        out.check_untouched()
 
 
 def test_python_loops_match_numpy(rng):
@@ -196,7 +249,8 @@ def test_script_main_runs(tmp_path):
     results = mm.main(["--sizes", "9x7x5", "--out", str(tmp_path)])
     assert (tmp_path / "matmul.json").exists()
     names = [r.name for res in results.values() for r in res]
-    assert any(nm.startswith("10 autotuned") for nm in names)
+    assert any(nm.startswith("11 autotuned") for nm in names)
+    assert any(nm.startswith("10 unguarded") for nm in names)
     assert any(nm.startswith("9 double buffered") for nm in names)
 
 
