@@ -7,7 +7,7 @@ CHAPTER is a number (``5``, ``05``) or a folder name (``05_first_kernels``);
 without one, every chapter is checked.
 
 For the failure details of one exercise, run the test it names, e.g.
-``pytest tests/test_ch05_exercises.py -k "scaled_add and learner"``.
+``pytest tests/test_ch05_first_kernels.py -k "scaled_add and learner"``.
 """
 
 from __future__ import annotations
