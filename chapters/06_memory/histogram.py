@@ -10,6 +10,10 @@ Versions (int32 counts):
   version 3 (histogram_smem_last_block): version 2, but each block writes its
       private histogram to a row of `partial` and the last block to finish adds
       the rows: no global atomics on the bins, no zeroing launch, one launch.
+  version 4 (histogram_smem_wide): version 2 with UNROLL = 16 loads in flight per
+      thread, all issued before the first shared atomic. COPIES sub-histograms per
+      block (warp w adds into copy w % COPIES) are there to try: 8 per-warp copies
+      measured slower than 1 on an H200 (uniform data), so COPIES = 1.
 
 Both are run on uniform data (contention only by chance) and on skewed data
 (x = u ** 8: about half of all values land in bin 0).
@@ -27,7 +31,7 @@ from common.runtime import ceil_div, pick
 import sys
 
 import numpy as np
-from numba import cuda, int32
+from numba import cuda, float32, int32
 
 launch = common.import_sibling(__file__, "launch")
 
@@ -35,6 +39,9 @@ NBINS = 256
 BLOCK = 256  # threads per block; equal to NBINS so each thread owns one bin when merging
 NBINS_F = np.float32(NBINS)
 ONE = np.int32(1)
+UNROLL = 16  # version 4: loads in flight per thread
+COPIES = 1  # version 4: sub-histograms per block (8 = one a warp: measured slower)
+WIDE_BINS = NBINS * COPIES
 
 
 def histogram_cpu(x: np.ndarray) -> np.ndarray:
@@ -118,6 +125,38 @@ def histogram_smem_last_block(x, partial, counter, bins):
             counter[0] = 0
 
 
+# version 4: UNROLL loads in flight per thread, then UNROLL shared atomics into this
+# warp's sub-histogram; n loads, n shared atomics, NBINS global atomics per block
+@cuda.jit
+def histogram_smem_wide(x, bins):
+    h = cuda.shared.array(WIDE_BINS, int32)
+    v = cuda.local.array(UNROLL, float32)  # constant indices after unrolling: registers
+    t = cuda.threadIdx.x & 1023  # `&`: provably >= 0, no wraparound code on indices
+    for b in range(t, WIDE_BINS, BLOCK):
+        h[b] = 0
+    cuda.syncthreads()
+    base = ((t >> 5) % COPIES) * NBINS  # this warp's sub-histogram
+    n = x.size
+    stride = cuda.gridsize(1)
+    i = cuda.grid(1)
+    while i + (UNROLL - 1) * stride < n:
+        for k in range(UNROLL):
+            v[k] = x[i + k * stride]
+        for k in range(UNROLL):
+            cuda.atomic.add(h, base + bin_of(v[k]), ONE)
+        i += UNROLL * stride
+    while i < n:
+        cuda.atomic.add(h, base + bin_of(x[i]), ONE)
+        i += stride
+    cuda.syncthreads()
+    for b in range(t, NBINS, BLOCK):
+        acc = 0
+        for c in range(COPIES):
+            acc += h[c * NBINS + b]
+        if acc != 0:
+            cuda.atomic.add(bins, b, acc)
+
+
 @cuda.jit
 def fill_int(out, value):
     i = cuda.grid(1)
@@ -155,10 +194,19 @@ def histogram_v3(x, bins) -> None:
     histogram_smem_last_block[blocks, BLOCK](x, partial, counter, bins)
 
 
+def histogram_v4(x, bins) -> None:
+    """Version 4 (two launches: zero the bins, then count)."""
+    _check_args(x, bins)
+    fill_int[1, NBINS](bins, 0)
+    blocks = launch.grid_stride_blocks(x.size, BLOCK, per_thread=4 * UNROLL)
+    histogram_smem_wide[blocks, BLOCK](x, bins)
+
+
 VERSIONS = {
     "v1 global atomics": histogram_v1,
     "v2 smem private + atomics": histogram_v2,
     "v3 smem private, last block": histogram_v3,
+    "v4 smem, 16 loads/thread": histogram_v4,
 }
 
 

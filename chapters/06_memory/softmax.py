@@ -9,6 +9,11 @@ Versions:
   version 3 (softmax_block_row_online): one block a row; the first pass keeps a
       running max m and a sum s rescaled whenever m grows (online softmax), the
       block combines the (m, s) pairs in one tree: 2 reads + 1 write.
+  version 4 (softmax_block_row_registers): one block of ROW_THREADS threads a row,
+      the row held in registers (ROW_VALUES = 16 values a thread, all loaded before
+      any arithmetic), max and sum reduced on-chip in two barrier steps each:
+      1 read + 1 write, the minimum. Rows longer than ROW_THREADS * ROW_VALUES
+      = 4096 fall back to version 3.
 
 Source: M. Milakov and N. Gimelshein, "Online normalizer calculation for
 softmax", arXiv:1805.02867 (2018).
@@ -31,6 +36,11 @@ launch = common.import_sibling(__file__, "launch")
 
 BLOCK = 512  # threads per row; 4 rows in flight per SM keep re-read rows in L2
 NAIVE_BLOCK = 128
+ROW_THREADS = 256  # version 4: threads a row (512: 85% of copy, 256 or 128: 96%, H200)
+ROW_VALUES = 16  # version 4: row values a thread keeps in registers
+ROW_WARPS = ROW_THREADS // 32
+MAX_REGISTER_COLS = ROW_THREADS * ROW_VALUES
+ROW_SHARED = ROW_THREADS + 32  # one value a thread, then one a lane
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 NEG_INF = np.float32(-np.inf)
@@ -177,8 +187,59 @@ def softmax_block_row_online(x, out):
     write_row(x, out, r, sm[0], ONE / ss[0])
 
 
+@cuda.jit(device=True)
+def block_all_reduce(s, v, is_max):
+    """Max (``is_max``) or sum of ``v`` over a ROW_THREADS block, to every thread, in
+    two barrier steps: 32 threads each combine ROW_WARPS values, then every thread
+    combines those 32 (same address in a warp: a broadcast, no bank conflict)."""
+    t = cuda.threadIdx.x
+    s[t] = v
+    cuda.syncthreads()
+    if t < 32:
+        acc = s[t]
+        for w in range(1, ROW_WARPS):  # s[t + 32 w]: 32 threads, 32 banks
+            acc = max(acc, s[t + 32 * w]) if is_max else acc + s[t + 32 * w]
+        s[ROW_THREADS + t] = acc
+    cuda.syncthreads()
+    acc = s[ROW_THREADS]
+    for i in range(1, 32):
+        acc = max(acc, s[ROW_THREADS + i]) if is_max else acc + s[ROW_THREADS + i]
+    cuda.syncthreads()  # everyone has read s before it is reused
+    return acc
+
+
+# version 4: the row lives in registers between the reductions: 1 read + 1 write of
+# the row (8 bytes an element), ROW_VALUES loads in flight per thread, 6 barriers a row
+@cuda.jit
+def softmax_block_row_registers(x, out):
+    s = cuda.shared.array(ROW_SHARED, float32)
+    v = cuda.local.array(ROW_VALUES, float32)  # constant indices after unrolling: registers
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x & 1023  # `&`: provably >= 0, no wraparound code on indices
+    cols = x.shape[1]
+    for k in range(ROW_VALUES):  # all loads first: ROW_VALUES in flight
+        j = t + k * ROW_THREADS
+        v[k] = x[r, j] if j < cols else NEG_INF
+    m = v[0]
+    for k in range(1, ROW_VALUES):
+        m = max(m, v[k])
+    m = block_all_reduce(s, m, True)
+    acc = ZERO
+    for k in range(ROW_VALUES):
+        v[k] = math.exp(v[k] - m)  # exp(-inf) = 0 for the padding
+        acc += v[k]
+    inv = ONE / block_all_reduce(s, acc, False)
+    for k in range(ROW_VALUES):
+        j = t + k * ROW_THREADS
+        if j < cols:
+            out[r, j] = v[k] * inv
+
+
 def softmax(kernel, x, out) -> None:
     """Row softmax of ``x`` float32 (rows, cols) into ``out`` of the same shape.
+
+    ``softmax_block_row_registers`` handles rows of up to MAX_REGISTER_COLS = 4096
+    columns; longer rows run ``softmax_block_row_online`` instead.
 
     Raises:
         ValueError: not a 2-D float32 array, or ``out`` has another shape.
@@ -187,8 +248,12 @@ def softmax(kernel, x, out) -> None:
         raise ValueError(f"x must be 2-D float32, got {x.dtype} {x.shape}")
     if tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out must have shape {x.shape}, got {out.shape}")
+    if kernel is softmax_block_row_registers and x.shape[1] > MAX_REGISTER_COLS:
+        kernel = softmax_block_row_online  # the row does not fit in the block's registers
     if kernel is softmax_naive:
         kernel[ceil_div(x.shape[0], NAIVE_BLOCK), NAIVE_BLOCK](x, out)
+    elif kernel is softmax_block_row_registers:
+        kernel[x.shape[0], ROW_THREADS](x, out)
     else:
         kernel[x.shape[0], BLOCK](x, out)
 
@@ -203,6 +268,7 @@ def run(shape: tuple[int, int] | None = None) -> list:
         "softmax v1 naive (thread a row)": softmax_naive,
         "softmax v2 block a row, 3 passes": softmax_block_row,
         "softmax v3 block a row, online": softmax_block_row_online,
+        "softmax v4 block a row, row in registers": softmax_block_row_registers,
     }
     return run_versions(
         {name: (lambda k: lambda out: softmax(k, x, out))(k) for name, k in versions.items()},
