@@ -69,6 +69,47 @@ def test_reduction_large_grid_stride_paths(rng):
         assert out.copy_to_host()[0] == x_host.astype(np.float64).sum()
 
 
+def test_histogram_v4_unrolled_body(rng):
+    # enough elements that every thread runs the UNROLL-way body and the tail loop
+    hist = load_chapter_module(CH, "histogram")
+    n = (hist.UNROLL + 1) * hist.BLOCK + 13
+    x_host = rng.random(n, dtype=np.float32)
+    bins = cuda.device_array(hist.NBINS, np.int32)
+    hist.histogram_v4(cuda.to_device(x_host), bins)
+    np.testing.assert_array_equal(bins.copy_to_host(), hist.histogram_cpu(x_host))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (33, 31), (5, 70)])
+def test_transpose_v4_and_copy_v0w_ragged(rng, shape):
+    from common.checking import guarded
+
+    tr = load_chapter_module(CH, "transpose")
+    a_host = rng.random(shape, dtype=np.float32)
+    a = cuda.to_device(a_host)
+    for kernel, want in [(tr.transpose_smem_unsigned, a_host.T), (tr.copy_2d_loads_first, a_host)]:
+        g = guarded(want.shape, np.float32)
+        tr.transpose(kernel, a, g.array)
+        np.testing.assert_array_equal(g.array.copy_to_host(), want)
+        g.check_untouched()
+
+
+@pytest.mark.parametrize("cols", [1, 300])
+def test_softmax_v4_short_rows(rng, cols):
+    sm = load_chapter_module(CH, "softmax")
+    x_host = rng.uniform(-8, 8, (2, cols)).astype(np.float32)
+    out = cuda.device_array(x_host.shape, np.float32)
+    sm.softmax(sm.softmax_block_row_registers, cuda.to_device(x_host), out)
+    np.testing.assert_allclose(out.copy_to_host(), sm.softmax_cpu(x_host), rtol=1e-5, atol=1e-7)
+
+
+def test_softmax_v4_falls_back_for_long_rows(rng):
+    sm = load_chapter_module(CH, "softmax")
+    x_host = rng.uniform(-8, 8, (1, sm.MAX_REGISTER_COLS + 5)).astype(np.float32)
+    out = cuda.device_array(x_host.shape, np.float32)
+    sm.softmax(sm.softmax_block_row_registers, cuda.to_device(x_host), out)
+    np.testing.assert_allclose(out.copy_to_host(), sm.softmax_cpu(x_host), rtol=1e-5, atol=1e-9)
+
+
 def test_launchers_refuse_bad_inputs():
     red = load_chapter_module(CH, "reduction")
     tr = load_chapter_module(CH, "transpose")
