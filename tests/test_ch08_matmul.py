@@ -176,13 +176,16 @@ def test_every_script_version_matches_float64(m, n, k, rng):
         out.check_untouched(name)
 
 
-# Sizes that are multiples of the simulator's tile shapes: v10's unguarded kernel runs.
-DIVISIBLE = [(16, 16, 4), (32, 48, 12), (48, 16, 20)]
+# Multiples of the kernel's tile shape (which differs between the simulator and
+# a GPU), so v10's unguarded kernel runs: (tiles in M, tiles in N, tiles in K).
+DIVISIBLE = [(1, 1, 1), (2, 3, 3), (3, 1, 5)]
 
 
-@pytest.mark.parametrize("m, n, k", DIVISIBLE)
-def test_unguarded_kernel_on_divisible_sizes(m, n, k, rng):
+@pytest.mark.parametrize("tiles_m, tiles_n, tiles_k", DIVISIBLE)
+def test_unguarded_kernel_on_divisible_sizes(tiles_m, tiles_n, tiles_k, rng):
     fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
+    bm, bn = fast.tile
+    m, n, k = tiles_m * bm, tiles_n * bn, tiles_k * fast.bk
     _run_checked(lambda a, b, c: mm.launch_unguarded(fast, a, b, c), m, n, k, rng)
 
 
