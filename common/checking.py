@@ -41,17 +41,24 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
-def is_device_array(a: Any) -> bool:
-    """True for a Numba device array (on a GPU or in the simulator)."""
-    from numba import cuda
+def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any = None) -> None:
+    """Raise a clear error unless ``a`` is a Numba device array of ``ndim``/``dtype``.
 
-    if hasattr(cuda, "is_cuda_array") and not _simulating():
-        return bool(cuda.is_cuda_array(a)) and hasattr(a, "copy_to_host")
-    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+    Launchers call it before launching: a host NumPy array would be copied to the
+    GPU and back behind the caller's back, and a wrong dtype or rank makes a
+    kernel read garbage instead of failing.
 
-
-def _simulating() -> bool:
-    return is_simulator()
+    Raises:
+        TypeError: not a device array (NumPy arrays have no ``copy_to_host``),
+            or the wrong dtype.
+        ValueError: the wrong number of dimensions.
+    """
+    if not hasattr(a, "copy_to_host"):
+        raise TypeError(f"{name} must be a device array (cuda.to_device(...)), got {type(a)}")
+    if ndim is not None and a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
+    if dtype is not None and np.dtype(a.dtype) != np.dtype(dtype):
+        raise TypeError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}; convert with .astype")
 
 
 def rel_error(out: Any, ref: Any) -> float:

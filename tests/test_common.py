@@ -442,3 +442,16 @@ def test_progress_rejects_unknown_chapter():
     out = subprocess.run([sys.executable, "-m", "common.progress", "99"],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode != 0 and "chapter" in (out.stdout + out.stderr)
+
+
+def test_require_device_array_names_the_fix():
+    from common.checking import require_device_array
+
+    dev = cuda.to_device(np.ones((2, 3), np.float32))
+    require_device_array(dev, "x", 2, np.float32)
+    with pytest.raises(TypeError, match=r"cuda.to_device"):
+        require_device_array(np.ones(3, np.float32), "x")
+    with pytest.raises(ValueError, match="must be 1-D"):
+        require_device_array(dev, "x", ndim=1)
+    with pytest.raises(TypeError, match=r"float64.*astype"):
+        require_device_array(dev, "x", dtype=np.float64)

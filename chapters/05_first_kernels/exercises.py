@@ -6,20 +6,10 @@ Run the checks: python -m pytest tests/test_ch05_first_kernels.py -q
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div
+from common.checking import require_device_array
 
 import numpy as np
 from numba import cuda
-
-
-def _require(arr, ndim, dtype, name):
-    """Raise a clear error for a wrong array; launchers call it before launching."""
-    if not hasattr(arr, "copy_to_host"):  # a Numba device array
-        raise TypeError(f"{name} must be a device array (cuda.to_device(...)), got {type(arr)}")
-    if arr.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
-    if np.dtype(arr.dtype) != np.dtype(dtype):
-        raise TypeError(f"{name} must be {np.dtype(dtype)}, got {arr.dtype}; convert with .astype")
-
 
 # ---------------------------------------------------------------- 5.1 scaled add
 
@@ -45,7 +35,7 @@ def scaled_add(alpha, x, y, out, threads_per_block=128):
     """
     raise NotImplementedError("Exercise 5.1: write scaled_add's kernel above, then delete this line")
     for name, arr in (("x", x), ("y", y), ("out", out)):
-        _require(arr, 1, np.float32, name)
+        require_device_array(arr, name, 1, np.float32)
     if not x.shape == y.shape == out.shape:
         raise ValueError(f"x, y, out shapes differ: {x.shape}, {y.shape}, {out.shape}")
     blocks = ceil_div(out.size, threads_per_block)
@@ -74,8 +64,8 @@ def map_2d(x, out, block=(16, 16)):
         TypeError / ValueError: wrong dtype, dimensions or mismatched shapes.
     """
     raise NotImplementedError("Exercise 5.2: write map_2d's kernel above, then delete this line")
-    _require(x, 2, np.float32, "x")
-    _require(out, 2, np.float32, "out")
+    require_device_array(x, "x", 2, np.float32)
+    require_device_array(out, "out", 2, np.float32)
     if x.shape != out.shape:
         raise ValueError(f"x and out shapes differ: {x.shape} vs {out.shape}")
     rows, cols = out.shape
@@ -106,10 +96,10 @@ def broadcast_add(x, row, col, out, block=(16, 16)):
         TypeError / ValueError: wrong dtypes or shapes.
     """
     raise NotImplementedError("Exercise 5.3: write broadcast_add's kernel above, then delete this line")
-    _require(x, 2, np.float32, "x")
-    _require(out, 2, np.float32, "out")
-    _require(row, 1, np.float32, "row")
-    _require(col, 1, np.float32, "col")
+    require_device_array(x, "x", 2, np.float32)
+    require_device_array(out, "out", 2, np.float32)
+    require_device_array(row, "row", 1, np.float32)
+    require_device_array(col, "col", 1, np.float32)
     rows, cols = x.shape
     if out.shape != x.shape or row.shape != (cols,) or col.shape != (rows,):
         raise ValueError(
@@ -144,8 +134,8 @@ def clamp(x, lo, hi, out, blocks=2, threads_per_block=64):
         TypeError / ValueError: wrong arrays, or lo > hi.
     """
     raise NotImplementedError("Exercise 5.4: write clamp's kernel above, then delete this line")
-    _require(x, 1, np.float32, "x")
-    _require(out, 1, np.float32, "out")
+    require_device_array(x, "x", 1, np.float32)
+    require_device_array(out, "out", 1, np.float32)
     if x.shape != out.shape:
         raise ValueError(f"x and out shapes differ: {x.shape} vs {out.shape}")
     if lo > hi:
@@ -175,7 +165,7 @@ def batched_matmul(a, b, out, block=(8, 8, 2)):
     """
     raise NotImplementedError("Exercise 5.5: write batched_matmul's kernel above, then delete this line")
     for name, arr in (("a", a), ("b", b), ("out", out)):
-        _require(arr, 3, np.float32, name)
+        require_device_array(arr, name, 3, np.float32)
     batch, m, k = a.shape
     if b.shape[:2] != (batch, k) or out.shape != (batch, m, b.shape[2]):
         raise ValueError(f"shapes do not chain: a {a.shape}, b {b.shape}, out {out.shape}")
@@ -207,7 +197,7 @@ def count_above(x, threshold, threads_per_block=128):
         int, equal to ``int((x > threshold).sum())``.
     """
     raise NotImplementedError("Exercise 5.6: write count_above's kernel above, then delete this line")
-    _require(x, 1, np.float32, "x")
+    require_device_array(x, "x", 1, np.float32)
     counter = cuda.to_device(np.zeros(1, dtype=np.int32))
     blocks = ceil_div(x.size, threads_per_block)
     count_above_kernel[blocks, threads_per_block](x, np.float32(threshold), counter)

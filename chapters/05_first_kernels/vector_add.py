@@ -13,7 +13,7 @@ Run: python chapters/05_first_kernels/vector_add.py [--out runs/05_first_kernels
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator, pick
-from common.checking import check
+from common.checking import check, require_device_array
 from common.harness import run_versions
 from common.timing import device_peaks, write_json
 
@@ -60,10 +60,7 @@ def vector_add_grid_stride(a, b, out):
 
 def _check_inputs(a, b, out):
     for name, arr in (("a", a), ("b", b), ("out", out)):
-        if not hasattr(arr, "copy_to_host"):  # a Numba device array
-            raise TypeError(f"{name} must be a device array: pass cuda.to_device(x)")
-        if arr.dtype != np.float32 or arr.ndim != 1:
-            raise TypeError(f"{name} must be 1-D float32, got {arr.ndim}-D {arr.dtype}")
+        require_device_array(arr, name, ndim=1, dtype=np.float32)
     if not a.shape == b.shape == out.shape:
         raise ValueError(f"a, b, out must have one shape, got {a.shape}, {b.shape}, {out.shape}")
 
