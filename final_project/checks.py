@@ -235,7 +235,7 @@ def random_batch(config, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
 
 
 def check_train_step(config, n: int, rng, lr: float = 0.1, seed: int = 0,
-                     tol: float = TOL) -> dict[str, float]:
+                     tol: float = TOL, model_cls=None) -> dict[str, float]:
     """One NumbaCNN training step against the float64 torch twin from the same
     initial parameters on the same batch: the loss, every gradient, every
     parameter after the update and the running statistics.
@@ -243,13 +243,15 @@ def check_train_step(config, n: int, rng, lr: float = 0.1, seed: int = 0,
     The conv biases' gradients are checked by size instead: batchnorm removes any
     per-channel constant, so their true gradient is 0 and float32 leaves only
     rounding noise; it must stay below ``tol`` times the weight gradient's norm.
+    ``model_cls``: NumbaCNN (default) or FastCNN, built as model_cls(config,
+    max_batch, params=...).
     """
     from final_project.model import BUFFER_NAMES, PARAM_NAMES, NumbaCNN, init_params
     from final_project.torch_twin import TorchCNN
 
     state = init_params(config, seed)
     x, y = random_batch(config, n, rng)
-    model = NumbaCNN(config, max_batch=n + 1, params=state)
+    model = (model_cls or NumbaCNN)(config, max_batch=n + 1, params=state)
     x_, y_ = cuda.to_device(x), cuda.to_device(y)
     model.loss_and_grads(x_, y_)
     grads = model.grads.download()
@@ -283,13 +285,13 @@ def check_train_step(config, n: int, rng, lr: float = 0.1, seed: int = 0,
 
 
 def check_eval_forward(config, n: int, rng, seed: int = 0, train_steps: int = 1,
-                       tol: float = TOL) -> dict[str, float]:
+                       tol: float = TOL, model_cls=None) -> dict[str, float]:
     """Evaluation-mode logits of NumbaCNN (after ``train_steps`` steps, so the
     running statistics are not the initial 0 and 1) against the twin in eval mode."""
     from final_project.model import NumbaCNN
     from final_project.torch_twin import TorchCNN
 
-    model = NumbaCNN(config, max_batch=n, seed=seed)
+    model = (model_cls or NumbaCNN)(config, max_batch=n, seed=seed)
     for _ in range(train_steps):
         xt, yt = random_batch(config, n, rng)
         model.train_step(cuda.to_device(xt), cuda.to_device(yt), 0.1)

@@ -48,7 +48,9 @@ from numba import cuda
 
 from final_project import data as fdata
 from final_project import train as ftrain
-from final_project.model import NumbaCNN, init_params
+from final_project.fast_model import STAGES, FastCNN
+from final_project.model import NumbaCNN, init_params, param_shapes
+from final_project.torch_configs import available_configs, make_torch_step
 from final_project.torch_twin import TorchCNN, torch_train_step
 
 DEFAULT_OUT = Path("runs") / "final_project"
@@ -132,57 +134,194 @@ def loss_curve(history: list[dict[str, Any]], every: int) -> list[tuple[int, flo
 # --------------------------------------------------------------------------
 
 
+OURS = ("numba naive eager", "numba fast eager", "numba fast graph")
+
+
+def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float):
+    """(model, step(j)) for one of OURS: step(j) copies pinned batch j and trains on it."""
+    if name == "numba naive eager":
+        model = NumbaCNN(config, max_batch=batches.batch_size, params=init)
+        stream = cuda.stream()
+
+        def step(j: int) -> None:
+            x_dev, y_dev = batches.to_device(j, stream=stream)
+            model.train_step(x_dev, y_dev, lr)
+
+        return model, step
+    # The simulator has no graphs: there "fast graph" runs the same launches eagerly.
+    graph = name == "numba fast graph" and not common.is_simulator()
+    model = FastCNN(config, max_batch=batches.batch_size, params=init, graph=graph)
+
+    def fast_step(j: int) -> None:
+        x, y = batches.host(j)
+        model.train_step(x, y, lr)  # H2D into the static buffers, then the step
+
+    return model, fast_step
+
+
 def time_steps(
     config, images: np.ndarray, labels: np.ndarray, batch_size: int, lr: float, seed: int,
-    steps: int, windows: int, warmup: int, device: torch.device, n_batches: int = 8,
+    steps: int, windows: int, warmup: int, device: torch.device, configs: list[str],
+    naive_steps: int = 3, n_batches: int = 8,
 ) -> dict[str, Any]:
-    """ms per training step for both implementations at one batch size.
+    """ms per training step of every configuration in ``configs`` at one batch size.
 
-    ``n_batches`` distinct batches are prepared in pinned host memory and
-    cycled; each step copies one to the device and trains on it. After
-    ``warmup`` untimed steps (compilation, cuDNN's choice of algorithm, the
-    caching allocator's growth), ``windows`` windows of ``steps`` consecutive
-    steps are timed; the median window / steps is reported.
+    ``n_batches`` distinct batches wait in pinned host memory and are cycled:
+    every configuration copies one to the device (into static buffers) and
+    trains on it, so each step is copy + forward + backward + update. After
+    ``warmup`` untimed steps (compilation, graph capture, cuDNN's choice of
+    algorithm, the caching allocator's growth), ``windows`` windows of
+    ``steps`` consecutive steps are timed with CUDA events and the median
+    window / steps is kept. The naive kernels (hundreds of ms a step at large
+    batches) get windows of ``naive_steps`` steps and 2 warm-up steps.
 
     Returns:
-        {"batch_size", "numba_ms_per_step", "torch_ms_per_step",
-         "numba_window_ms", "torch_window_ms", "numba_over_torch", ...};
-        the ms are None in the simulator.
+        {"batch_size", "ms": {config: ms per step or None}, "window_ms": {...},
+         "best_torch", "fast_graph_over_best_torch"}; the ms are None in the simulator.
     """
     n_batches = max(1, min(n_batches, len(labels) // batch_size))
     batches = fdata.EpochBatches(images[: n_batches * batch_size],
                                  labels[: n_batches * batch_size], batch_size)
     init = init_params(config, seed)
-    model = NumbaCNN(config, max_batch=batch_size, params=init)
-    stream = cuda.stream()
+    xs = [torch.from_numpy(batches.host(i)[0]) for i in range(n_batches)]
+    ys = [torch.from_numpy(batches.host(i)[1]) for i in range(n_batches)]
+    result: dict[str, Any] = {"batch_size": batch_size, "steps_per_window": steps,
+                              "windows": windows, "warmup_steps": warmup, "ms": {},
+                              "window_ms": {}}
+    for name in configs:
+        counter = iter(range(1 << 62))
+        if name in OURS:
+            _, step = _our_stepper(name, config, init, batches, lr)
 
-    def numba_steps(k: int) -> None:
-        for i in range(k):
-            x_dev, y_dev = batches.to_device(i % n_batches, stream=stream)
-            model.train_step(x_dev, y_dev, lr)
+            def run(k: int, step=step) -> None:
+                for _ in range(k):
+                    step(next(counter) % n_batches)
 
-    twin = TorchCNN.from_state_dict(config, init, device)
-    opt = torch.optim.SGD(twin.parameters(), lr=lr)
-    xs = [_pinned(batches.host(i)[0], device) for i in range(n_batches)]
-    ys = [_pinned(batches.host(i)[1], device) for i in range(n_batches)]
+            on_gpu = True
+        else:
+            x = torch.empty((batch_size, *images.shape[1:]), dtype=torch.float32, device=device)
+            y = torch.empty(batch_size, dtype=torch.int64, device=device)
+            x.copy_(xs[0])
+            y.copy_(ys[0])
+            ts = make_torch_step(name.removeprefix("torch "), config, init, x, y, lr, device)
 
-    def torch_steps(k: int) -> None:
-        for i in range(k):
-            j = i % n_batches
-            torch_train_step(twin, opt, xs[j].to(device, non_blocking=True),
-                             ys[j].to(device, non_blocking=True))
+            def run(k: int, ts=ts, x=x, y=y) -> None:
+                for _ in range(k):
+                    j = next(counter) % n_batches
+                    x.copy_(xs[j], non_blocking=True)
+                    y.copy_(ys[j], non_blocking=True)
+                    ts.run()
 
-    results: dict[str, Any] = {"batch_size": batch_size, "steps_per_window": steps,
-                               "windows": windows, "warmup_steps": warmup}
-    for name, run, on_gpu in (("numba", numba_steps, True),
-                              ("torch", torch_steps, device.type == "cuda")):
-        window_ms = _time_windows(run, steps, windows, warmup, on_gpu)
-        results[f"{name}_window_ms"] = window_ms
-        results[f"{name}_ms_per_step"] = (
-            float(np.median(window_ms)) / steps if window_ms else None)
-    if results["numba_ms_per_step"] and results["torch_ms_per_step"]:
-        results["numba_over_torch"] = results["numba_ms_per_step"] / results["torch_ms_per_step"]
-    return results
+            on_gpu = device.type == "cuda"
+        naive = name == "numba naive eager"
+        k_steps = min(steps, naive_steps) if naive else steps
+        window_ms = _time_windows(run, k_steps, windows if not naive else min(windows, 3),
+                                  min(warmup, 2) if naive else warmup, on_gpu)
+        result["window_ms"][name] = window_ms
+        result["ms"][name] = float(np.median(window_ms)) / k_steps if window_ms else None
+    torch_ms = {k: v for k, v in result["ms"].items() if k.startswith("torch") and v}
+    ours = result["ms"].get("numba fast graph")
+    if torch_ms and ours:
+        best = min(torch_ms, key=torch_ms.get)
+        result["best_torch"] = best
+        result["fast_graph_over_best_torch"] = ours / torch_ms[best]
+    return result
+
+
+def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
+    """(flops, fewest bytes moved) of each stage of the fast step at batch n.
+
+    Bytes count each input read once and each output written once (float32:
+    4 bytes, argmax: 1 byte); flops count a multiply-add as 2.
+    """
+    c = config
+    hw1, hw2, hw4 = c.height * c.width, (c.height // 2) * (c.width // 2), (
+        c.height // 4) * (c.width // 4)
+    x1, z1, p1 = n * c.in_channels * hw1, n * c.c1 * hw1, n * c.c1 * hw2
+    z2, p2 = n * c.c2 * hw2, n * c.c2 * hw4
+    feat, hid, cls = c.flat_features, c.hidden, c.num_classes
+    conv1 = 2 * n * hw1 * c.c1 * c.in_channels * 9
+    conv2 = 2 * n * hw2 * c.c2 * c.c1 * 9
+    return {
+        "conv1 forward": (conv1, 4 * (x1 + z1)),
+        "bn1 statistics": (0, 0),
+        "bn1+relu+pool1": (0, 4 * z1 + 4 * p1 + p1),
+        "conv2 forward": (conv2, 4 * (p1 + z2)),
+        "bn2 statistics": (0, 0),
+        "bn2+relu+pool2": (0, 4 * z2 + 4 * p2 + p2),
+        "fc1 forward": (2 * n * feat * hid, 4 * (n * feat + hid * feat + n * hid)),
+        "fc2+loss+grads": (4 * n * hid * cls, 4 * (2 * n * hid + 3 * n * cls)),
+        "loss mean": (0, 4 * n),
+        "fc2 grad weight": (2 * n * cls * (hid + 1), 4 * (n * cls + n * hid + cls * hid)),
+        "fc1 grad weight": (2 * n * hid * (feat + 1), 4 * (n * hid + n * feat + hid * feat)),
+        "fc1 grad input": (2 * n * hid * feat, 4 * (n * hid + hid * feat + n * feat)),
+        "bn2 backward reduce": (0, 4 * p2 + p2 + 4 * p2),
+        "bn2 backward dx": (0, 4 * z2 + 4 * p2 + p2 + 4 * z2),
+        "conv2 grad weight": (conv2, 4 * (z2 + p1)),
+        "conv2 grad input": (conv2, 4 * (z2 + p1)),
+        "bn1 backward reduce": (0, 4 * p1 + p1 + 4 * p1),
+        "bn1 backward dx": (0, 4 * z1 + 4 * p1 + p1 + 4 * z1),
+        "conv1 grad weight": (conv1, 4 * (z1 + x1)),
+        "sgd update": (0, 12 * sum(int(np.prod(s)) for s in param_shapes(c).values())),
+    }
+
+
+@cuda.jit
+def _hold_stream(ms):
+    # Keeps the stream busy while the host queues a whole step behind it, so the
+    # events between stages time the GPU's work, not Python's launch cost.
+    for _ in range(ms):
+        cuda.nanosleep(1000000)
+
+
+def stage_breakdown(config, images: np.ndarray, labels: np.ndarray, batch_size: int,
+                    lr: float, seed: int, repeats: int, peaks: dict[str, Any]) -> list[dict]:
+    """Per-stage GPU time of the fast step (an event after each stage).
+
+    A one-thread kernel first holds the model's stream for 40 ms while the host
+    queues the step's launches behind it, with one CUDA event recorded after
+    each stage of :data:`final_project.fast_model.STAGES`; a stage's time is
+    the gap to the previous event (GPU time only: no launch gaps), median of
+    ``repeats`` steps after 3 warm-up steps. The stages add up to a little more
+    than the graph step, whose launches need no event between them.
+    Returns rows {stage, ms, gflops, gbps, pct_sgemm, pct_copy}; [] in the simulator.
+    """
+    if common.is_simulator():
+        return []
+    model = FastCNN(config, max_batch=batch_size, params=init_params(config, seed), graph=False)
+    x, y = images[:batch_size], labels[:batch_size]
+    model._stage(np.ascontiguousarray(x), np.ascontiguousarray(y))
+    samples: dict[str, list[float]] = {k: [] for k in STAGES}
+    for rep in range(repeats + 3):
+        events = []
+
+        def mark(name: str, events=events) -> None:
+            ev = cuda.event()
+            ev.record(model.stream)
+            events.append((name, ev))
+
+        _hold_stream[1, 1, model.stream](40)
+        first = cuda.event()
+        first.record(model.stream)
+        model._step(batch_size, lr, mark)
+        events[-1][1].synchronize()
+        if rep < 3:
+            continue
+        prev = first
+        for name, ev in events:
+            samples[name].append(prev.elapsed_time(ev))
+            prev = ev
+    work = stage_work(config, batch_size)
+    rows = []
+    for name in STAGES:
+        ms = float(np.median(samples[name]))
+        flops, nbytes = work[name]
+        gflops = flops / (ms * 1e-3) / 1e9 if flops else None
+        gbps = nbytes / (ms * 1e-3) / 1e9 if nbytes else None
+        rows.append({"stage": name, "ms": ms, "gflops": gflops, "gbps": gbps,
+                     "pct_sgemm": gflops and 100 * gflops / 1e3 / peaks["sgemm_tflops"],
+                     "pct_copy": gbps and 100 * gbps / peaks["copy_gbps"]})
+    return rows
 
 
 def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool) -> list[float]:
@@ -220,22 +359,44 @@ def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool
 
 
 def format_timing_table(rows: list[dict[str, Any]], device: str, torch_dev: str) -> str:
-    lines = [f"time per training step (copy + forward + backward + update), {device}; "
+    """ms per training step: one row per configuration, one column per batch size."""
+    lines = [f"ms per training step (copy + forward + backward + update), {device}; "
              f"torch on {torch_dev}"]
-    if rows and rows[0]["numba_ms_per_step"] is None:
+    if not rows:
+        return "\n".join(lines)
+    if all(v is None for r in rows for v in r["ms"].values()):
         lines.append(f"  ({common.timing.SIMULATOR_NOTE})")
-    lines.append(f"  {'batch':>6} {'numba ms':>10} {'torch ms':>10} {'numba/torch':>12} "
-                 f"{'numba img/s':>12} {'torch img/s':>12}")
+    sizes = [r["batch_size"] for r in rows]
+    names = list(rows[0]["ms"])
+    lines.append(f"  {'configuration':<34}" + "".join(f"{'batch ' + str(b):>13}" for b in sizes))
+    for name in names:
+        cells = [r["ms"].get(name) for r in rows]
+        lines.append(f"  {name:<34}" + "".join(
+            f"{'-' if v is None else format(v, '.3f'):>13}" for v in cells))
+    ratios = [r.get("fast_graph_over_best_torch") for r in rows]
+    if any(ratios):
+        lines.append(f"  {'fast graph / best torch':<34}" + "".join(
+            f"{'-' if v is None else format(v, '.2f') + 'x':>13}" for v in ratios))
+        lines.append(f"  {'(best torch configuration)':<34}" + "".join(
+            f"{r.get('best_torch', '-').removeprefix('torch '):>13}" for r in rows))
+    return "\n".join(lines)
+
+
+def format_breakdown(rows: list[dict[str, Any]], batch_size: int, device: str) -> str:
+    """The per-stage table of :func:`stage_breakdown`."""
+    total = sum(r["ms"] for r in rows)
+    lines = [f"fast step by stage, batch {batch_size}, {device} (GPU time between CUDA events; "
+             f"sum {total:.3f} ms)",
+             f"  {'stage':<22} {'ms':>8} {'%step':>6} {'GFLOP/s':>9} {'%SGEMM':>7} "
+             f"{'GB/s':>8} {'%copy':>6}"]
+
+    def f(v, spec):
+        return "-" if v is None else format(v, spec)
+
     for r in rows:
-        b, n, t = r["batch_size"], r["numba_ms_per_step"], r["torch_ms_per_step"]
-
-        def f(v, spec):
-            return "-" if v is None else format(v, spec)
-
-        lines.append(
-            f"  {b:>6} {f(n, '.3f'):>10} {f(t, '.3f'):>10} "
-            f"{f(r.get('numba_over_torch'), '.1f'):>12} "
-            f"{f(n and b / n * 1e3, '.0f'):>12} {f(t and b / t * 1e3, '.0f'):>12}")
+        lines.append(f"  {r['stage']:<22} {r['ms']:>8.4f} {100 * r['ms'] / total:>6.1f} "
+                     f"{f(r['gflops'], '.0f'):>9} {f(r['pct_sgemm'], '.1f'):>7} "
+                     f"{f(r['gbps'], '.0f'):>8} {f(r['pct_copy'], '.1f'):>6}")
     return "\n".join(lines)
 
 
@@ -255,11 +416,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax1.set_ylabel(f"train loss (mean of {result['accuracy_run']['loss_every']} steps)")
     ax1.set_title("same weights, same batches")
     ax1.legend()
-    rows = [r for r in result["timing"] if r["numba_ms_per_step"] is not None]
+    rows = [r for r in result["timing"] if any(r["ms"].values())]
     if rows:
         bs = [r["batch_size"] for r in rows]
-        ax2.plot(bs, [r["numba_ms_per_step"] for r in rows], "o-", label="numba (ours)")
-        ax2.plot(bs, [r["torch_ms_per_step"] for r in rows], "s-", label="torch")
+        for name in rows[0]["ms"]:
+            ms = [r["ms"].get(name) for r in rows]
+            if all(ms):
+                ax2.plot(bs, ms, "o-" if name.startswith("numba") else "s--", label=name)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log")
         ax2.legend()
@@ -294,10 +457,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-batch-sizes", type=_batch_sizes, default=None, metavar="B1,B2",
                    help="batch sizes for the timing table (default 64,256,1024; tiny: 8)")
     p.add_argument("--time-steps", type=int, default=None,
-                   help="steps per timed window (default 100; tiny: 1)")
-    p.add_argument("--time-windows", type=int, default=2, help="timed windows (median kept)")
+                   help="steps per timed window (default 50; tiny: 1)")
+    p.add_argument("--time-windows", type=int, default=None,
+                   help="timed windows, median kept (default 5; tiny: 1)")
     p.add_argument("--time-warmup", type=int, default=None,
-                   help="untimed steps before the windows (default 10; tiny: 1)")
+                   help="untimed steps before the windows (default 20; tiny: 1)")
+    p.add_argument("--naive-steps", type=int, default=3,
+                   help="steps per window for the naive kernels (slow: default 3)")
+    p.add_argument("--configs", default=None, metavar="A,B",
+                   help="configurations to time (default: all that run here): "
+                        + ", ".join(OURS) + ", torch eager, torch compile, "
+                        "torch compile-reduce-overhead, torch cuda-graph")
+    p.add_argument("--breakdown-repeats", type=int, default=20,
+                   help="steps behind each stage's median in the per-stage table")
     p.add_argument("--torch-tf32", action="store_true",
                    help="let torch use TF32 tensor cores (default off: both sides full FP32)")
     args = p.parse_args(argv)
@@ -308,16 +480,28 @@ def main(argv: list[str] | None = None) -> int:
     tiny = args.tiny
     loss_every = args.loss_every or (2 if tiny else 50)
     time_sizes = args.time_batch_sizes or ([8] if tiny else [64, 256, 1024])
-    time_steps_n = args.time_steps or (1 if tiny else 100)
-    warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else 10)
-    windows = args.time_windows
-    if min(time_steps_n, windows) < 1 or warmup < 0:
-        p.error("--time-steps and --time-windows must be >= 1, --time-warmup >= 0")
+    time_steps_n = args.time_steps if args.time_steps is not None else (1 if tiny else 50)
+    warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else 20)
+    windows = args.time_windows if args.time_windows is not None else (1 if tiny else 5)
+    if min(time_steps_n, windows, args.naive_steps) < 1 or warmup < 0:
+        p.error("--time-steps, --time-windows and --naive-steps must be >= 1, "
+                "--time-warmup >= 0")
+    device = torch_device()
+    # The tiny (simulator) run exercises the path with one configuration a side:
+    # simulated fast kernels take minutes a step, and torch there is on the CPU.
+    runnable = (["numba naive eager", "torch eager"] if tiny else
+                list(OURS) + ["torch " + c for c in available_configs(device)])
+    if args.configs:
+        configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+        unknown = [c for c in configs if c not in runnable]
+        if unknown:
+            p.error(f"--configs: {unknown} cannot run here; choose from {runnable}")
+    else:
+        configs = runnable
     # torch's default lets cuDNN convolutions use TF32 (10-bit mantissa); our
     # kernels are FP32, so the default comparison turns TF32 off on both paths.
     torch.backends.cudnn.allow_tf32 = args.torch_tf32
     torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
-    device = torch_device()
     gpu = ftrain.device_name()
     print(f"runtime: {common.runtime_name()} ({gpu}); torch on {device}")
     if tiny:
@@ -333,8 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     config = ftrain.net_config(args)
     init = init_params(config, args.seed)
 
-    # 1. accuracy: same weights, same batches
+    # 1. accuracy: same weights, same batches; wall time of each whole run
     numba_hist, torch_hist = [], []
+    seconds: dict[str, float] = {}
     if args.epochs > 0:
         try:
             batches = fdata.EpochBatches(x_train, y_train, args.batch_size)
@@ -344,15 +529,19 @@ def main(argv: list[str] | None = None) -> int:
         test_batches = fdata.EpochBatches(x_test, y_test, args.batch_size, drop_last=False)
         print(f"accuracy run: {args.epochs} epochs x {len(batches)} steps, batch "
               f"{args.batch_size}, SGD lr {args.lr}, seed {args.seed}")
-        print("numba (ours):")
-        model = NumbaCNN(config, max_batch=args.batch_size, params=init)
+        print(f"numba (ours, {ftrain.describe_kernels(args)}):")
+        t0 = time.perf_counter()
+        model = ftrain.make_model(args, config, init)
         numba_hist = ftrain.train(model, batches, test_batches, args.epochs, args.lr, args.seed,
                                   max_steps=args.max_steps, progress=sys.stderr.isatty(),
                                   log=lambda s: print("  " + s))
-        print("torch:")
+        seconds["numba"] = time.perf_counter() - t0
+        print("torch (eager):")
+        t0 = time.perf_counter()
         twin = TorchCNN.from_state_dict(config, init, device)
         torch_hist = train_torch(twin, batches, x_test, y_test, args.epochs, args.lr, args.seed,
                                  device, max_steps=args.max_steps)
+        seconds["torch"] = time.perf_counter() - t0
         for h in torch_hist:
             print(f"  epoch {h['epoch']}: train loss {h['train_loss']:.4f}, "
                   f"test accuracy {h['test_accuracy']:.2f}%")
@@ -364,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
         na, ta = numba_hist[-1]["test_accuracy"], torch_hist[-1]["test_accuracy"]
         print(f"test accuracy: numba {na:.2f}%, torch {ta:.2f}% (difference {na - ta:+.2f} "
               "points)")
+        print(f"time to accuracy ({args.epochs} epochs, shuffling, copies, evaluation and "
+              f"compilation included): numba {seconds['numba']:.1f} s, torch eager "
+              f"{seconds['torch']:.1f} s")
     else:
         curves = {"numba": [], "torch": []}
 
@@ -374,8 +566,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"timing: skipping batch {b}: only {len(y_train)} training images")
             continue
         timing.append(time_steps(config, x_train, y_train, b, args.lr, args.seed,
-                                 time_steps_n, windows, warmup, device))
+                                 time_steps_n, windows, warmup, device, configs,
+                                 naive_steps=args.naive_steps))
     print(format_timing_table(timing, gpu, str(device)))
+    breakdown = {}
+    if not common.is_simulator():
+        peaks = common.device_peaks()
+        for b in [r["batch_size"] for r in timing]:
+            breakdown[b] = stage_breakdown(config, x_train, y_train, b, args.lr, args.seed,
+                                           args.breakdown_repeats, peaks)
+            print(format_breakdown(breakdown[b], b, gpu))
 
     result = {
         "device": gpu, "runtime": common.runtime_name(), "torch_device": str(device),
@@ -385,9 +585,10 @@ def main(argv: list[str] | None = None) -> int:
         "accuracy_run": {
             "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "seed": args.seed, "loss_every": loss_every, "curves": curves,
-            "numba": numba_hist, "torch": torch_hist,
+            "numba": numba_hist, "torch": torch_hist, "seconds": seconds,
+            "kernels": ftrain.describe_kernels(args),
         },
-        "timing": timing,
+        "timing": timing, "breakdown": breakdown,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

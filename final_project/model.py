@@ -359,23 +359,21 @@ def _as_device_array(a: Any, name: str) -> Any:
                      f"got {type(a).__name__}")
 
 
-class NumbaCNN:
-    """The capstone network, trained with our own kernels.
+class CNNBase:
+    """What every implementation of the capstone network shares: the parameters,
+    gradients and running statistics (flat device buffers, torch names and
+    shapes), state dicts, and the checks on a batch. Subclasses add the layers.
 
     Args:
         config: layer sizes (:class:`NetConfig`).
         max_batch: the largest batch ``train_step``/``forward`` will see; every
             device buffer is allocated once for it.
-        seed: seed for :func:`init_params` (ignored when ``params`` is given).
-        params: initial state (PARAM_NAMES, optionally BUFFER_NAMES) as NumPy
-            arrays in torch shapes; validated like :meth:`load_state_dict`.
 
     Raises:
-        ValueError: max_batch < 1, or ``params`` has wrong names, shapes or dtypes.
+        ValueError: max_batch < 1.
     """
 
-    def __init__(self, config: NetConfig, max_batch: int, seed: int = 0,
-                 params: dict | None = None) -> None:
+    def __init__(self, config: NetConfig, max_batch: int) -> None:
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
         self.config = config
@@ -386,25 +384,8 @@ class NumbaCNN:
         self.buffers = _FlatStore({k: shapes[k] for k in BUFFER_NAMES})
         self.num_batches_tracked = 0
 
-        c, h, w = config.in_channels, config.height, config.width
-        p, g, b, m = self.params, self.grads, self.buffers, self.max_batch
-        eps, mom = config.bn_eps, config.bn_momentum
-        self.conv1 = Conv2d("conv1", p, g, m, (c, h, w), need_dx=False)
-        self.bn1 = BatchNorm2d("bn1", p, g, b, m, (config.c1, h, w), eps, mom)
-        self.relu1 = ReLU(m, (config.c1, h, w))
-        self.pool1 = MaxPool2x2(m, (config.c1, h, w))
-        h2, w2 = h // 2, w // 2
-        self.conv2 = Conv2d("conv2", p, g, m, (config.c1, h2, w2), need_dx=True)
-        self.bn2 = BatchNorm2d("bn2", p, g, b, m, (config.c2, h2, w2), eps, mom)
-        self.relu2 = ReLU(m, (config.c2, h2, w2))
-        self.pool2 = MaxPool2x2(m, (config.c2, h2, w2))
-        self.fc1 = Linear("fc1", p, g, m)
-        self.relu3 = ReLU(m, (config.hidden,))
-        self.fc2 = Linear("fc2", p, g, m)
-        self.criterion = LogSoftmaxNLL(m, config.num_classes)
-        self._predictions = cuda.device_array(m, np.int32)
-
-        state = params if params is not None else init_params(config, seed)
+    def _load_initial_state(self, seed: int, params: dict | None) -> None:
+        state = params if params is not None else init_params(self.config, seed)
         self.load_state_dict(state, strict_buffers=False)
 
     # -- state ---------------------------------------------------------------
@@ -497,6 +478,47 @@ class NumbaCNN:
         if not _is_c_contiguous(y):
             raise ValueError("y is not contiguous; copy it with np.ascontiguousarray")
         return x, y
+
+
+class NumbaCNN(CNNBase):
+    """The capstone network, trained with our own kernels (the naive versions:
+    one thread per output element; :class:`final_project.fast_model.FastCNN` is
+    the fast one).
+
+    Args:
+        config: layer sizes (:class:`NetConfig`).
+        max_batch: the largest batch ``train_step``/``forward`` will see; every
+            device buffer is allocated once for it.
+        seed: seed for :func:`init_params` (ignored when ``params`` is given).
+        params: initial state (PARAM_NAMES, optionally BUFFER_NAMES) as NumPy
+            arrays in torch shapes; validated like :meth:`load_state_dict`.
+
+    Raises:
+        ValueError: max_batch < 1, or ``params`` has wrong names, shapes or dtypes.
+    """
+
+    def __init__(self, config: NetConfig, max_batch: int, seed: int = 0,
+                 params: dict | None = None) -> None:
+        super().__init__(config, max_batch)
+        c, h, w = config.in_channels, config.height, config.width
+        p, g, b, m = self.params, self.grads, self.buffers, self.max_batch
+        eps, mom = config.bn_eps, config.bn_momentum
+        self.conv1 = Conv2d("conv1", p, g, m, (c, h, w), need_dx=False)
+        self.bn1 = BatchNorm2d("bn1", p, g, b, m, (config.c1, h, w), eps, mom)
+        self.relu1 = ReLU(m, (config.c1, h, w))
+        self.pool1 = MaxPool2x2(m, (config.c1, h, w))
+        h2, w2 = h // 2, w // 2
+        self.conv2 = Conv2d("conv2", p, g, m, (config.c1, h2, w2), need_dx=True)
+        self.bn2 = BatchNorm2d("bn2", p, g, b, m, (config.c2, h2, w2), eps, mom)
+        self.relu2 = ReLU(m, (config.c2, h2, w2))
+        self.pool2 = MaxPool2x2(m, (config.c2, h2, w2))
+        self.fc1 = Linear("fc1", p, g, m)
+        self.relu3 = ReLU(m, (config.hidden,))
+        self.fc2 = Linear("fc2", p, g, m)
+        self.criterion = LogSoftmaxNLL(m, config.num_classes)
+        self._predictions = cuda.device_array(m, np.int32)
+
+        self._load_initial_state(seed, params)
 
     # -- forward, backward, step ---------------------------------------------
 

@@ -44,6 +44,7 @@ import numpy as np
 from numba import cuda
 
 from final_project import data as fdata
+from final_project.fast_model import FastCNN
 from final_project.model import PARAM_NAMES, NetConfig, NumbaCNN, init_params
 
 DEFAULT_OUT = Path("runs") / "final_project"
@@ -112,6 +113,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     t.add_argument("--c1", type=int, help="conv1 channels (default 32)")
     t.add_argument("--c2", type=int, help="conv2 channels (default 64)")
     t.add_argument("--hidden", type=int, help="fc1 width (default 128)")
+    t.add_argument("--kernels", choices=("fast", "naive"), default=None,
+                   help="fast: fused and tiled kernels (fast_model.FastCNN; default on a GPU); "
+                        "naive: one thread per output (model.NumbaCNN), the readable baseline "
+                        "(default in the simulator, where it runs 3x faster)")
+    t.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="replay each training step as one CUDA graph (fast kernels; default "
+                        "on a GPU; the simulator has no graphs)")
     t.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
                    help="shrink everything for the simulator (default: on in the simulator)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
@@ -145,7 +153,31 @@ def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
         raise SystemExit(f"--lr must be a positive number, got {args.lr}")
     if args.sample and args.data_dir:
         raise SystemExit("give either --sample or --data-dir, not both")
+    if args.kernels is None:
+        args.kernels = "naive" if common.is_simulator() else "fast"
+    if args.graph and args.kernels == "naive":
+        raise SystemExit("--graph needs --kernels fast (the naive model launches from Python)")
+    if args.graph and common.is_simulator():
+        raise SystemExit("--graph needs a GPU: the simulator has no CUDA graphs")
+    if args.graph is None:
+        args.graph = args.kernels == "fast" and not common.is_simulator()
     return args
+
+
+def describe_kernels(args: argparse.Namespace) -> str:
+    """What runs the step, in words: "fast kernels, one CUDA graph a step", ..."""
+    if args.kernels == "naive":
+        return "naive kernels, eager launches"
+    return "fast kernels, " + ("one CUDA graph a step" if args.graph else "eager launches")
+
+
+def make_model(args: argparse.Namespace, config: NetConfig, params: dict,
+               max_batch: int | None = None) -> NumbaCNN | FastCNN:
+    """The model ``--kernels`` and ``--graph`` ask for, holding ``params``."""
+    max_batch = max_batch or args.batch_size
+    if args.kernels == "naive":
+        return NumbaCNN(config, max_batch=max_batch, params=params)
+    return FastCNN(config, max_batch=max_batch, params=params, graph=args.graph)
 
 
 def load_data(args: argparse.Namespace, log=print) -> fdata.Dataset:
@@ -314,7 +346,10 @@ def train(
     from tqdm import tqdm
 
     rng = np.random.default_rng(seed)
-    stream = cuda.stream()
+    # The fast model queues everything on its own stream and copies pinned host
+    # batches itself; the naive one runs on the default stream, fed by a copy stream.
+    fast = isinstance(model, FastCNN)
+    stream = model.stream if fast else cuda.stream()
     losses = cuda.device_array(len(train_batches), np.float32)
     history = []
     step = 0
@@ -337,8 +372,12 @@ def train(
                 x, y = train_batches.host(i)
                 cuda.synchronize()
                 errors = check_step_against_twin(model, np.array(x), np.array(y), lr)
-                losses[i : i + 1].copy_to_device(model.loss)
+                losses[i : i + 1].copy_to_device(model.loss, stream=stream)
                 bar.set_postfix_str(f"check ok (worst {max(errors.values()):.1e})")
+            elif fast:
+                x, y = train_batches.host(i)
+                model.train_step(x, y, lr)
+                losses[i : i + 1].copy_to_device(model.loss, stream=stream)
             else:
                 x_dev, y_dev = train_batches.to_device(i, stream=stream)
                 model.train_step(x_dev, y_dev, lr)
@@ -433,12 +472,11 @@ def main(argv: list[str] | None = None) -> int:
     test_batches = fdata.EpochBatches(x_test, y_test, args.batch_size, drop_last=False)
 
     config = net_config(args)
-    model = NumbaCNN(config, max_batch=args.batch_size,
-                     params=init_params(config, args.seed))
+    model = make_model(args, config, init_params(config, args.seed))
     check_every = None
     if args.check:
         check_every = args.check_every or (TINY.check_every if args.tiny else 200)
-    print(f"model: {config}; SGD lr {args.lr}, batch {args.batch_size}, "
+    print(f"model: {config}; {describe_kernels(args)}; SGD lr {args.lr}, batch {args.batch_size}, "
           f"{len(train_batches)} steps/epoch" + (f", checked every {check_every} steps"
                                                  if check_every else ""))
     try:
@@ -450,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     meta = {"dataset": ds.name, "is_sample": ds.is_sample, "mean": ds.mean, "std": ds.std,
+            "kernels": describe_kernels(args),
             "train_from_test": args.train_from_test, "tiny": args.tiny,
             "lr": args.lr, "batch_size": args.batch_size, "seed": args.seed,
             "epochs": len(history), "source": ds.source}

@@ -1,0 +1,413 @@
+"""The capstone network on the fast kernels, one CUDA graph a training step.
+
+Same network, parameters, state dicts and checks as :class:`final_project.model.NumbaCNN`
+(both derive from :class:`~final_project.model.CNNBase`); what changes is how a
+step runs:
+
+    forward   conv1 (direct, BN partial sums in the epilogue) -> BN1 statistics
+              -> BN1 apply + ReLU + max-pool (fused) -> conv2 (implicit GEMM, BN
+              partials in the epilogue) -> BN2 statistics -> BN2 + ReLU + pool
+              -> fc1 (split-K GEMM, bias + ReLU when reducing) -> fc2 + log-softmax
+              + NLL + dlogits + fc1's masked output gradient (one kernel) -> mean loss
+    backward  fc2 and fc1 weight gradients (split-K GEMMs, bias as a column of ones)
+              -> fc1 input gradient -> pool2/ReLU2/BN2 backward (partials, then dz2)
+              -> conv2 weight gradient (split-K) and input gradient (implicit GEMM)
+              -> pool1/ReLU1/BN1 backward -> conv1 weight gradient
+    update    one SGD launch over the flat parameter buffer
+
+That is 27 launches, every one on the model's own stream, with every buffer
+allocated once for ``max_batch``. On a GPU the first step at a new batch size
+(or learning rate) runs eagerly, which compiles and warms every kernel, and is
+then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
+CUDA C++ Programming Guide, "CUDA Graphs: stream capture"); every later step
+copies the batch into the static input buffers and replays the graph, so a
+launch costs about 1 us instead of about 26 us of Python. In the simulator,
+which has no graphs, the same launches run eagerly.
+
+Usage::
+
+    model = FastCNN(NetConfig(), max_batch=64, seed=0)
+    model.train_step(x, y, lr=0.05)   # x (N, 1, 28, 28) f32, y (N,) int32: host or device
+    loss = model.loss.copy_to_host()[0]
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from common.runtime import is_simulator
+from final_project import fast_conv as fconv
+from final_project import fast_layers as fl
+from final_project import kernels as naive
+from final_project.graph import CudaGraphBackend, default_graph_backend
+from final_project.model import CNNBase, NetConfig, _is_c_contiguous
+
+# The stage names of one training step, in launch order: what compare.py's
+# per-kernel breakdown reports (a stage may be one or two launches).
+STAGES = (
+    "conv1 forward", "bn1 statistics", "bn1+relu+pool1", "conv2 forward", "bn2 statistics",
+    "bn2+relu+pool2", "fc1 forward", "fc2+loss+grads", "loss mean", "fc2 grad weight",
+    "fc1 grad weight", "fc1 grad input", "bn2 backward reduce", "bn2 backward dx",
+    "conv2 grad weight", "conv2 grad input", "bn1 backward reduce", "bn1 backward dx",
+    "conv1 grad weight", "sgd update",
+)
+
+
+def _no_mark(name: str) -> None:
+    pass
+
+
+def _max_size(fn: Callable[[int], int], max_batch: int) -> int:
+    """Largest scratch size any batch 1..max_batch needs (split counts vary with N)."""
+    return max(fn(n) for n in range(1, max_batch + 1))
+
+
+class FastCNN(CNNBase):
+    """The capstone network on the fast kernels (see the module docstring).
+
+    Args:
+        config: layer sizes (:class:`NetConfig`); num_classes <= 32, hidden <= 1024.
+        max_batch: the largest batch; every buffer is allocated once for it.
+        seed: seed for :func:`~final_project.model.init_params` (unless ``params``).
+        params: initial state as NumPy arrays by torch name.
+        graph: capture each step into a CUDA graph (default: on a GPU; the
+            simulator has none). ``False`` launches every kernel from Python.
+        conv1: "direct" (a kernel for tiny input channel counts) or "igemm".
+        graph_backend: what captures and replays a step (tests pass a fake one).
+
+    Raises:
+        ValueError: max_batch < 1, a config the fused classifier cannot hold,
+            ``graph=True`` in the simulator, or a bad ``params``.
+    """
+
+    def __init__(self, config: NetConfig, max_batch: int, seed: int = 0,
+                 params: dict | None = None, graph: bool | None = None,
+                 conv1: str = "direct", graph_backend: Any = None) -> None:
+        super().__init__(config, max_batch)
+        if config.num_classes > fl.CLS_MAX_CLASSES or config.hidden > fl.CLS_MAX_HIDDEN:
+            raise ValueError(
+                f"FastCNN's fused classifier holds at most {fl.CLS_MAX_CLASSES} classes and "
+                f"{fl.CLS_MAX_HIDDEN} hidden units, got {config.num_classes} and "
+                f"{config.hidden}; use NumbaCNN for larger heads")
+        if conv1 not in ("direct", "igemm"):
+            raise ValueError(f"conv1 must be 'direct' or 'igemm', got {conv1!r}")
+        if graph and is_simulator() and graph_backend is None:
+            raise ValueError("the simulator has no CUDA graphs: use graph=False (or leave "
+                             "it to the default)")
+        self.conv1_kind = conv1
+        self.graph_backend = graph_backend or (default_graph_backend() if graph is not False
+                                               else None)
+        self._graphs: dict[tuple[int, float], Any] = {}
+        self.stream = cuda.stream()
+        self._alloc()
+        self._views: dict[tuple[str, int], Any] = {}
+        self._load_initial_state(seed, params)
+
+    # -- buffers ---------------------------------------------------------------
+
+    def _alloc(self) -> None:
+        c, m = self.config, self.max_batch
+        f32, f64 = np.float32, np.float64
+        h, w = c.height, c.width
+        h2, w2 = h // 2, w // 2
+        h4, w4 = h // 4, w // 4
+        dev = cuda.device_array
+        self.x_static = dev((m, c.in_channels, h, w), f32)
+        self.y_static = dev(m, np.int32)
+        # forward
+        self.z1 = dev((m, c.c1, h, w), f32)
+        # Partial-sum row counts depend on the tiles, which depend on N (small
+        # grids get smaller tiles): size each buffer for the worst N.
+        if self.conv1_kind == "direct":
+            rows1 = _max_size(lambda n: fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1), m)
+        else:
+            rows1 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h, w), m)
+        self.bn1_partials = dev((rows1, 2, c.c1), f64)
+        self.z2 = dev((m, c.c2, h2, w2), f32)
+        rows2 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h2, w2), m)
+        self.bn2_partials = dev((rows2, 2, c.c2), f64)
+        for name, ch in (("bn1", c.c1), ("bn2", c.c2)):
+            for stat in ("mean", "invstd", "scale", "shift"):
+                setattr(self, f"{name}_{stat}", dev(ch, f32))
+        self.pooled1 = dev((m, c.c1, h2, w2), f32)
+        self.argmax1 = dev((m, c.c1, h2, w2), np.int8)
+        self.pooled2 = dev((m, c.c2, h4, w4), f32)
+        self.argmax2 = dev((m, c.c2, h4, w4), np.int8)
+        feat = c.flat_features
+        # fc1's split-K partials; the evaluation forward reuses them for fc2.
+        self.fc1_partials = dev(_max_size(lambda n: max(
+            fl.splitk_partials_size(n, c.hidden, feat),
+            fl.splitk_partials_size(n, c.num_classes, c.hidden)), m), f32)
+        self.hidden_act = dev((m, c.hidden), f32)
+        self.logits = dev((m, c.num_classes), f32)
+        self.row_loss = dev(m, f32)
+        self.dlogits = dev((m, c.num_classes), f32)
+        self.loss_buf = dev(1, f32)
+        self.predictions = dev(m, np.int32)
+        # backward
+        self.d_hidden = dev((m, c.hidden), f32)
+        self.fc2_grad_partials = dev(_max_size(
+            lambda n: fl.splitk_partials_size(c.num_classes, c.hidden + 1, n), m), f32)
+        self.fc1_grad_partials = dev(_max_size(
+            lambda n: fl.splitk_partials_size(c.hidden, feat + 1, n), m), f32)
+        self.d_pooled2 = dev((m, c.c2, h4, w4), f32)
+        self.bn2_back_partials = dev(
+            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h4, w4), m), 2, c.c2), f64)
+        self.dz2 = dev((m, c.c2, h2, w2), f32)
+        self.conv2_grad_partials = dev(_max_size(lambda n: int(np.prod(
+            fconv.conv2d_grad_weight_igemm_partials_shape(n, h2, w2, c.c2, c.c1, 3))), m), f32)
+        self.d_pooled1 = dev((m, c.c1, h2, w2), f32)
+        self.bn1_back_partials = dev(
+            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64)
+        self.dz1 = dev((m, c.c1, h, w), f32)
+        self.conv1_grad_partials = dev(_max_size(lambda n: int(np.prod(
+            fconv.conv2d_grad_weight_igemm_partials_shape(n, h, w, c.c1, c.in_channels, 3))),
+            m), f32)
+
+    def _rows(self, name: str, n: int) -> Any:
+        """The first n rows of a batch-sized buffer (views cached: no work per step)."""
+        key = (name, n)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = getattr(self, name)[:n]
+        return view
+
+    def _scratch(self, name: str, n: int, shape_fn: Callable[[int], tuple]) -> Any:
+        key = (name, n)
+        view = self._views.get(key)
+        if view is None:
+            shape = tuple(shape_fn(n))
+            view = self._views[key] = getattr(self, name)[: int(np.prod(shape))].reshape(shape)
+        return view
+
+    # -- the step ----------------------------------------------------------------
+
+    def _forward_features(self, n: int, training: bool, mark=_no_mark) -> Any:
+        """Conv blocks and fc1 on x_static[:n]; returns fc1's ReLU output (n, hidden)."""
+        c, s, p = self.config, self.stream, self.params
+        x = self._rows("x_static", n)
+        z1, z2 = self._rows("z1", n), self._rows("z2", n)
+        h, w = c.height, c.width
+        if self.conv1_kind == "direct":
+            rows1 = fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1)
+            fconv.conv2d_forward_direct(x, p["conv1.weight"], p["conv1.bias"], 1, z1,
+                                        self.bn1_partials[:rows1], stream=s)
+        else:
+            rows1 = fconv.conv2d_forward_igemm_partial_rows(n, h, w)
+            fconv.conv2d_forward_igemm(x, p["conv1.weight"], p["conv1.bias"], 1, z1,
+                                       self.bn1_partials[:rows1], stream=s)
+        mark("conv1 forward")
+        self._bn_scale_shift("bn1", self.bn1_partials[:rows1], n * h * w, training)
+        mark("bn1 statistics")
+        fl.bn_relu_maxpool_forward(z1, self.bn1_scale, self.bn1_shift,
+                                   self._rows("pooled1", n), self._rows("argmax1", n), s)
+        mark("bn1+relu+pool1")
+        rows2 = fconv.conv2d_forward_igemm_partial_rows(n, h // 2, w // 2)
+        fconv.conv2d_forward_igemm(self._rows("pooled1", n), p["conv2.weight"],
+                                   p["conv2.bias"], 1, z2, self.bn2_partials[:rows2], stream=s)
+        mark("conv2 forward")
+        self._bn_scale_shift("bn2", self.bn2_partials[:rows2], n * (h // 2) * (w // 2),
+                             training)
+        mark("bn2 statistics")
+        pooled2 = self._rows("pooled2", n)
+        fl.bn_relu_maxpool_forward(z2, self.bn2_scale, self.bn2_shift, pooled2,
+                                   self._rows("argmax2", n), s)
+        mark("bn2+relu+pool2")
+        flat = pooled2.reshape((n, c.flat_features))
+        hidden = self._rows("hidden_act", n)
+        fl.linear_forward(flat, p["fc1.weight"], p["fc1.bias"], hidden, self.fc1_partials,
+                          relu=True, stream=s)
+        mark("fc1 forward")
+        return hidden
+
+    def _bn_scale_shift(self, name: str, partials: Any, count: int, training: bool) -> None:
+        p, b = self.params, self.buffers
+        gamma, beta = p[f"{name}.weight"], p[f"{name}.bias"]
+        rm, rv = b[f"{name}.running_mean"], b[f"{name}.running_var"]
+        scale, shift = getattr(self, f"{name}_scale"), getattr(self, f"{name}_shift")
+        if training:
+            fl.bn_stats_finalize(partials, count, gamma, beta, self.config.bn_eps,
+                                 self.config.bn_momentum, rm, rv, getattr(self, f"{name}_mean"),
+                                 getattr(self, f"{name}_invstd"), scale, shift, self.stream)
+        else:
+            fl.bn_eval_scale_shift(gamma, beta, rm, rv, self.config.bn_eps, scale, shift,
+                                   self.stream)
+
+    def _loss_and_grads(self, n: int, mark=_no_mark) -> None:
+        c, s, p, g = self.config, self.stream, self.params, self.grads
+        hidden = self._forward_features(n, True, mark)
+        labels = self._rows("y_static", n)
+        d_hidden = self._rows("d_hidden", n)
+        fl.classifier_fused(hidden, p["fc2.weight"], p["fc2.bias"], labels,
+                            self._rows("logits", n), self._rows("row_loss", n),
+                            self._rows("dlogits", n), d_hidden, s)
+        mark("fc2+loss+grads")
+        fl.mean_reduce(self._rows("row_loss", n), self.loss_buf, s)
+        mark("loss mean")
+        # backward
+        fl.linear_grad_weight(self._rows("dlogits", n), hidden, g["fc2.weight"], g["fc2.bias"],
+                              self.fc2_grad_partials, s)
+        mark("fc2 grad weight")
+        flat = self._rows("pooled2", n).reshape((n, c.flat_features))
+        fl.linear_grad_weight(d_hidden, flat, g["fc1.weight"], g["fc1.bias"],
+                              self.fc1_grad_partials, s)
+        mark("fc1 grad weight")
+        d_pooled2 = self._rows("d_pooled2", n)
+        fl.linear_grad_input(d_hidden, p["fc1.weight"], d_pooled2.reshape((n, c.flat_features)),
+                             s)
+        mark("fc1 grad input")
+        dz2 = self._bn_backward("bn2", n, d_pooled2, self._rows("argmax2", n),
+                                self._rows("z2", n), self._rows("dz2", n),
+                                self.bn2_back_partials, mark)
+        h2, w2 = c.height // 2, c.width // 2
+        part2 = self._scratch("conv2_grad_partials", n, lambda k: (
+            fconv.conv2d_grad_weight_igemm_partials_shape(k, h2, w2, c.c2, c.c1, 3)))
+        fconv.conv2d_grad_weight_igemm(dz2, self._rows("pooled1", n), 1, g["conv2.weight"],
+                                       g["conv2.bias"], part2, stream=s)
+        mark("conv2 grad weight")
+        d_pooled1 = self._rows("d_pooled1", n)
+        fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
+        mark("conv2 grad input")
+        dz1 = self._bn_backward("bn1", n, d_pooled1, self._rows("argmax1", n),
+                                self._rows("z1", n), self._rows("dz1", n),
+                                self.bn1_back_partials, mark)
+        part1 = self._scratch("conv1_grad_partials", n, lambda k: (
+            fconv.conv2d_grad_weight_igemm_partials_shape(k, c.height, c.width, c.c1,
+                                                          c.in_channels, 3)))
+        fconv.conv2d_grad_weight_igemm(dz1, self._rows("x_static", n), 1, g["conv1.weight"],
+                                       g["conv1.bias"], part1, stream=s)
+        mark("conv1 grad weight")
+
+    def _bn_backward(self, name, n, d_pooled, argmax, z, dz, partials_buf, mark) -> Any:
+        p, g, s = self.params, self.grads, self.stream
+        stats = [getattr(self, f"{name}_{k}") for k in ("mean", "invstd", "scale", "shift")]
+        _, _, ph, pw = d_pooled.shape
+        partials = partials_buf[: fl.bn_backward_partial_rows(n, ph, pw)]
+        fl.bn_relu_maxpool_backward_reduce(d_pooled, argmax, z, *stats, partials, s)
+        fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
+        mark(f"{name} backward reduce")
+        fl.bn_relu_maxpool_backward_dx(d_pooled, argmax, z, *stats, p[f"{name}.weight"],
+                                       g[f"{name}.weight"], g[f"{name}.bias"], dz, s)
+        mark(f"{name} backward dx")
+        return dz
+
+    def _step(self, n: int, lr: float, mark=_no_mark) -> None:
+        """Forward, loss, backward and SGD on x_static[:n], y_static[:n]: launches only."""
+        self._loss_and_grads(n, mark)
+        naive.sgd_update_naive[naive._grid(self.params.flat.size)[0],
+                               naive.THREADS_PER_BLOCK, self.stream](
+            self.params.flat, self.grads.flat, lr)
+        mark("sgd update")
+
+    # -- input staging -------------------------------------------------------------
+
+    def _stage(self, x: Any, y: Any = None) -> int:
+        """Copy a batch into the static input buffers on the model's stream; returns N.
+
+        x, y: device arrays (or CUDA torch tensors), or host NumPy arrays (pinned
+        memory makes the copy asynchronous), shaped and typed as
+        :meth:`~final_project.model.CNNBase.validate_batch` requires.
+        """
+        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            self._validate_host(x, y)
+        else:
+            x, y = self.validate_batch(x, y)
+        n = x.shape[0]
+        self._rows("x_static", n).copy_to_device(x, stream=self.stream)
+        if y is not None:
+            self._rows("y_static", n).copy_to_device(y, stream=self.stream)
+        return n
+
+    def _validate_host(self, x: Any, y: Any) -> None:
+        c = self.config
+        want = (c.in_channels, c.height, c.width)
+        for name, a, dtype, shape in (("x", x, np.float32, want), ("y", y, np.int32, ())):
+            if a is None and name == "y":
+                continue
+            if not isinstance(a, np.ndarray):
+                raise ValueError(f"{name}: give x and y both as host arrays or both as device "
+                                 f"arrays, got {type(a).__name__}")
+            if a.dtype != dtype:
+                raise ValueError(f"{name} has dtype {a.dtype}, expected {np.dtype(dtype)} "
+                                 f"({name}.astype(np.{np.dtype(dtype)}))")
+            if tuple(a.shape[1:]) != shape or not 1 <= len(a) <= self.max_batch:
+                raise ValueError(f"{name} has shape {a.shape}, expected (N, *{shape}) with "
+                                 f"1 <= N <= max_batch={self.max_batch}")
+            if not _is_c_contiguous(a):
+                raise ValueError(f"{name} is not C-contiguous: np.ascontiguousarray({name})")
+        if y is not None and len(y) != len(x):
+            raise ValueError(f"y has {len(y)} labels for {len(x)} images")
+
+    # -- public ----------------------------------------------------------------------
+
+    def train_step(self, x: Any, y: Any, lr: float) -> None:
+        """One plain-SGD step on (x, y), as :meth:`NumbaCNN.train_step`; only
+        queues work on :attr:`stream` (no host synchronisation).
+
+        With graphs on, the first step at each (batch size, lr) runs eagerly and
+        is then captured; later steps replay the graph.
+        """
+        n = self._stage(x, y)
+        lr = float(lr)
+        self.num_batches_tracked += 1
+        if self.graph_backend is None:
+            self._step(n, lr)
+            return
+        key = (n, lr)
+        graph = self._graphs.get(key)
+        if graph is None:
+            self._step(n, lr)  # compiles and warms every kernel at this shape
+            self._graphs[key] = self.graph_backend.capture(self.stream,
+                                                           lambda: self._step(n, lr))
+        else:
+            graph.launch(self.stream)
+
+    @property
+    def graphs(self) -> dict[tuple[int, float], Any]:
+        """The captured step graphs by (batch size, lr)."""
+        return self._graphs
+
+    def loss_and_grads(self, x: Any, y: Any) -> None:
+        """Training-mode forward, loss and backward (no update), launched eagerly."""
+        n = self._stage(x, y)
+        self.num_batches_tracked += 1
+        self._loss_and_grads(n)
+
+    def forward(self, x: Any, training: bool = False) -> Any:
+        """Logits (N, num_classes) device array (a view of an internal buffer).
+
+        training=False uses the running statistics; True the batch's, updating
+        the running statistics.
+        """
+        n = self._stage(x)
+        if training:
+            self.num_batches_tracked += 1
+        hidden = self._forward_features(n, training)
+        logits = self._rows("logits", n)
+        p = self.params
+        fl.linear_forward(hidden, p["fc2.weight"], p["fc2.bias"], logits, self.fc1_partials,
+                          relu=False, stream=self.stream)
+        return logits
+
+    def predict(self, x: Any) -> Any:
+        """Predicted classes (N,) int32 device array (evaluation mode)."""
+        logits = self.forward(x, training=False)
+        out = self._rows("predictions", logits.shape[0])
+        naive.argmax_rows_naive[naive._grid(out.size)[0], naive.THREADS_PER_BLOCK,
+                                self.stream](logits, out)
+        return out
+
+    @property
+    def loss(self) -> Any:
+        """Device float32 array (1,): the mean NLL of the last training step's batch."""
+        return self.loss_buf
+
+    def synchronize(self) -> None:
+        """Wait for everything queued on the model's stream."""
+        self.stream.synchronize()
+
+
+__all__ = ["FastCNN", "STAGES", "CudaGraphBackend"]

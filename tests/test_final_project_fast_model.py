@@ -1,0 +1,132 @@
+"""FastCNN (fast kernels, one CUDA graph a step) against the float64 PyTorch twin,
+and the graph path's logic (capture once per batch size and learning rate,
+replay, a new batch size builds a new graph) as far as the simulator allows.
+
+The step check is the same one the naive model passes (final_project.checks,
+relative error 1e-4 on the loss, every gradient, every parameter and running
+statistic after the update); sizes are hostile: odd channel counts, batch 1,
+a batch that is not a multiple of any tile.
+"""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from common.checking import check
+from final_project import checks as C
+from final_project.fast_model import FastCNN
+from final_project.graph import EagerBackend
+from final_project.model import NetConfig, NumbaCNN, init_params
+
+TINY = NetConfig(height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_fast_train_step_matches_twin(rng, n):
+    C.check_train_step(TINY, n, rng, model_cls=FastCNN)
+
+
+def test_fast_eval_forward_matches_twin(rng):
+    C.check_eval_forward(TINY, 3, rng, model_cls=FastCNN)
+
+
+def test_fast_conv1_igemm_variant_matches_naive_model(rng):
+    """conv1 through the implicit GEMM instead of the direct kernel: same step."""
+    state = init_params(TINY, 1)
+    x, y = C.random_batch(TINY, 2, rng)
+    fast = FastCNN(TINY, max_batch=2, params=state, conv1="igemm")
+    naive = NumbaCNN(TINY, max_batch=2, params=state)
+    for model in (fast, naive):
+        model.train_step(cuda.to_device(x), cuda.to_device(y), 0.1)
+    check(fast.loss, naive.loss.copy_to_host().astype(np.float64), 1e-5, "loss")
+    ours, ref = fast.state_dict(), naive.state_dict()
+    for name in ref:
+        if ref[name].dtype.kind == "f":
+            check(ours[name], ref[name].astype(np.float64), 1e-5, name)
+
+
+class CountingBackend(EagerBackend):
+    """Eager stand-in for the CUDA graph backend that counts captures and replays."""
+
+    def __init__(self):
+        self.captures = []
+        self.replays = 0
+
+    def capture(self, stream, launches):
+        self.captures.append(launches)
+        recorded = super().capture(stream, launches)
+        backend = self
+
+        class Counted:
+            def launch(self, s):
+                backend.replays += 1
+                recorded.launch(s)
+
+        return Counted()
+
+
+def test_graph_captured_once_per_batch_size_and_replayed(rng):
+    state = init_params(TINY, 2)
+    backend = CountingBackend()
+    graphed = FastCNN(TINY, max_batch=4, params=state, graph_backend=backend)
+    eager = FastCNN(TINY, max_batch=4, params=state, graph=False)
+    batches = [C.random_batch(TINY, n, rng) for n in (4, 4, 4, 2, 2, 4)]
+    for x, y in batches:
+        for model in (graphed, eager):
+            model.train_step(x, y, 0.05)
+    # first step at a batch size runs eagerly and is captured; the rest replay
+    assert len(backend.captures) == 2
+    assert backend.replays == len(batches) - 2
+    assert set(graphed.graphs) == {(4, 0.05), (2, 0.05)}
+    # a new learning rate is a new graph (the scalar is recorded in it)
+    graphed.train_step(*batches[0], 0.01)
+    eager.train_step(*batches[0], 0.01)
+    assert len(backend.captures) == 3
+    a, b = graphed.state_dict(), eager.state_dict()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def test_graph_refused_in_simulator_without_backend():
+    if not common.is_simulator():
+        pytest.skip("on a GPU graph=True is the default path")
+    with pytest.raises(ValueError, match="no CUDA graphs"):
+        FastCNN(TINY, max_batch=2, graph=True)
+
+
+@pytest.mark.parametrize("x, y, match", [
+    (np.zeros((2, 1, 8, 8), np.float64), np.zeros(2, np.int32), "dtype float64"),
+    (np.zeros((2, 1, 8, 6), np.float32), np.zeros(2, np.int32), "shape"),
+    (np.zeros((3, 1, 8, 8), np.float32), np.zeros(3, np.int32), "max_batch=2"),
+    (np.zeros((2, 1, 8, 8), np.float32), np.zeros(2, np.int64), "dtype int64"),
+    (np.zeros((2, 1, 8, 8), np.float32), np.zeros(1, np.int32), "1 labels for 2 images"),
+    (np.zeros((2, 1, 8, 8), np.float32)[:, :, :, ::-1], np.zeros(2, np.int32), "contiguous"),
+])
+def test_fast_model_refuses_bad_batches(x, y, match):
+    model = FastCNN(TINY, max_batch=2, graph=False)
+    with pytest.raises(ValueError, match=match):
+        model.train_step(x, y, 0.1)
+
+
+def test_fast_model_refuses_too_many_classes():
+    with pytest.raises(ValueError, match="at most 32 classes"):
+        FastCNN(NetConfig(height=8, width=8, c1=2, c2=2, hidden=4, num_classes=40), max_batch=2)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_step_equals_eager_step(rng):
+    """On a GPU: the replayed graph computes exactly what the eager launches do."""
+    config = NetConfig()
+    state = init_params(config, 3)
+    graphed = FastCNN(config, max_batch=64, params=state, graph=True)
+    eager = FastCNN(config, max_batch=64, params=state, graph=False)
+    for _ in range(3):
+        x, y = C.random_batch(config, 64, rng)
+        graphed.train_step(x, y, 0.05)
+        eager.train_step(x, y, 0.05)
+    assert len(graphed.graphs) == 1
+    a, b = graphed.state_dict(), eager.state_dict()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name

@@ -1,0 +1,226 @@
+"""PyTorch's configurations of the capstone step (final_project.torch_configs):
+eager against a float64 SGD step by hand, every other configuration against
+eager, in-place refills of the static batch, and the errors."""
+
+import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import functools
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.checking import check
+from final_project import checks as C
+from final_project.model import BUFFER_NAMES, PARAM_NAMES, NetConfig, init_params
+from final_project.torch_configs import (
+    TORCH_CONFIGS,
+    available_configs,
+    make_torch_step,
+    time_torch_config,
+)
+from final_project.torch_twin import TorchCNN
+
+SMALL = NetConfig(height=8, width=8, c1=3, c2=4, hidden=8, num_classes=5)
+LR = 0.1
+CPU = torch.device("cpu")
+
+
+def _batch(config, n, rng, device=CPU):
+    """x (n, C, H, W) float32, y (n,) int32 (the labels our kernels take) on ``device``."""
+    x, y = C.random_batch(config, n, rng)
+    return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+
+
+def _sgd_by_hand(state, x, y, lr, config):
+    """One SGD step in float64, p - lr * grad by hand: (loss, {name: value}) for
+    the parameters and the batchnorm running statistics."""
+    twin = TorchCNN.from_state_dict(config, state, dtype=torch.float64)
+    twin.train()
+    loss = F.cross_entropy(twin(x.double()), y.long())
+    loss.backward()
+    out = {name: (p - lr * p.grad).detach() for name, p in twin.named_parameters()}
+    buffers = dict(twin.named_buffers())
+    out.update({name: buffers[name] for name in BUFFER_NAMES})
+    return loss.detach(), out
+
+
+def _state(step):
+    return {k: v.detach() for k, v in step.model.state_dict().items()}
+
+
+def test_eager_step_is_one_sgd_step(rng):
+    state = init_params(SMALL, int(rng.integers(1000)))
+    before = {k: v.copy() for k, v in state.items()}
+    x, y = _batch(SMALL, 4, rng)
+    step = make_torch_step("eager", SMALL, state, x, y, LR, "cpu")
+    assert torch.isnan(step.loss()), "loss() before any step should be NaN"
+    step.run()
+    ref_loss, ref = _sgd_by_hand(state, x, y, LR, SMALL)
+    check(step.loss(), ref_loss, 1e-5, "loss")
+    after = _state(step)
+    for name in (*PARAM_NAMES, *BUFFER_NAMES):
+        check(after[name], ref[name], 1e-5, name)
+    assert int(after["bn1.num_batches_tracked"]) == 1
+    for name, value in before.items():
+        assert np.array_equal(state[name], value), f"make_torch_step trained {name} in place"
+
+
+def test_eager_loss_falls_on_a_fixed_batch():
+    rng = np.random.default_rng(0)  # about learning, not hostile inputs
+    x, y = _batch(SMALL, 4, rng)
+    step = make_torch_step("eager", SMALL, init_params(SMALL, 1), x, y, LR, "cpu")
+    losses = []
+    for _ in range(6):
+        step.run()
+        losses.append(float(step.loss()))
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0], f"loss did not fall in 5 steps: {losses}"
+
+
+def test_loss_is_a_copy_not_the_live_value(rng):
+    x, y = _batch(SMALL, 4, rng)
+    step = make_torch_step("eager", SMALL, init_params(SMALL, 2), x, y, LR, "cpu")
+    step.run()
+    first = step.loss()
+    step.run()
+    second = step.loss()
+    assert first.shape == () and first.dtype == torch.float32
+    assert float(first) != float(second)
+
+
+def test_refilled_batch_is_what_the_next_step_trains_on(rng):
+    """The step reads x and y where they are: refill them in place and it trains
+    on the new batch (not on a copy taken when the step was built)."""
+    state = init_params(SMALL, int(rng.integers(1000)))
+    x, y = _batch(SMALL, 4, rng)
+    x2, y2 = _batch(SMALL, 4, rng)
+    step = make_torch_step("eager", SMALL, state, x, y, LR, "cpu")
+    x.copy_(x2)
+    y.copy_(y2)
+    step.run()
+    _, ref = _sgd_by_hand(state, x2, y2, LR, SMALL)
+    for name in PARAM_NAMES:
+        check(_state(step)[name], ref[name], 1e-5, f"{name} after a step on the refilled batch")
+
+
+@functools.cache
+def _inductor_cannot_compile() -> str | None:
+    """None if TorchInductor compiles a tiny function on the CPU here, else why not
+    (checked once per session)."""
+    if "compile" not in available_configs("cpu"):
+        return "no C++ compiler for TorchInductor on PATH"
+    try:
+        torch.compile(lambda t: t * 2 + 1, dynamic=False)(torch.ones(3))
+    except Exception as e:  # any failure means: this machine cannot compile
+        return f"TorchInductor cannot compile here: {type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def _run_steps(step, x, y, batches):
+    losses = []
+    for xb, yb in batches:
+        x.copy_(xb)
+        y.copy_(yb)
+        step.run()
+        losses.append(step.loss())
+    return torch.stack(losses)
+
+
+def test_compile_matches_eager_on_the_cpu(rng):
+    # Cold, inductor's C++ build of the step takes ~30 s on 2 cores; with its
+    # cache (/tmp/torchinductor_$USER) warm, ~5 s.
+    reason = _inductor_cannot_compile()
+    if reason:
+        pytest.skip(reason)
+    state = init_params(SMALL, int(rng.integers(1000)))
+    batches = [_batch(SMALL, 4, rng) for _ in range(2)]
+    results = {}
+    for name in ("eager", "compile"):
+        x, y = _batch(SMALL, 4, rng)
+        step = make_torch_step(name, SMALL, state, x, y, LR, "cpu")
+        results[name] = (_run_steps(step, x, y, batches), _state(step))
+    (loss_e, eager), (loss_c, compiled) = results["eager"], results["compile"]
+    check(loss_c, loss_e, 1e-5, "compile: losses of 2 steps")
+    for name in (*PARAM_NAMES, *BUFFER_NAMES):
+        check(compiled[name], eager[name], 1e-5, f"compile: {name} after 2 steps")
+
+
+def test_unknown_config_names_the_choices():
+    x, y = _batch(SMALL, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="unknown torch configuration 'jit'.*eager, compile"):
+        make_torch_step("jit", SMALL, init_params(SMALL, 0), x, y, LR, "cpu")
+
+
+@pytest.mark.parametrize("name", ["cuda-graph", "compile-reduce-overhead"])
+def test_gpu_only_configs_refuse_the_cpu(name):
+    x, y = _batch(SMALL, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match=f"{name}.*needs a CUDA GPU"):
+        make_torch_step(name, SMALL, init_params(SMALL, 0), x, y, LR, "cpu")
+
+
+def test_available_configs_on_the_cpu():
+    names = available_configs("cpu")
+    assert names[0] == "eager"
+    assert set(names) <= {"eager", "compile"}
+    assert set(names) <= set(TORCH_CONFIGS)
+
+
+def test_bad_batch_is_refused():
+    x, y = _batch(SMALL, 4, np.random.default_rng(0))
+    state = init_params(SMALL, 0)
+    with pytest.raises(ValueError, match="x must be a float32"):
+        make_torch_step("eager", SMALL, state, x.double(), y, LR, "cpu")
+    with pytest.raises(ValueError, match="y must be an int32 or int64"):
+        make_torch_step("eager", SMALL, state, x, y[:3], LR, "cpu")
+
+
+def test_time_torch_config_on_the_cpu():
+    x, y = _batch(SMALL, 4, np.random.default_rng(0))
+    step = make_torch_step("eager", SMALL, init_params(SMALL, 0), x, y, LR, "cpu")
+    ms = time_torch_config(step.run, steps=2, windows=3, warmup=1, device="cpu")
+    assert len(ms) == 3 and all(t > 0 for t in ms)
+    assert int(step.model.bn1.num_batches_tracked) == 1 + 3 * 2
+    with pytest.raises(ValueError, match="steps >= 1"):
+        time_torch_config(step.run, steps=0, windows=1, warmup=0, device="cpu")
+
+
+@pytest.fixture
+def fp32_cuda():
+    """Full FP32 on the GPU for the duration of a test (cuDNN defaults to TF32)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cuda-graph", "compile-reduce-overhead", "compile"])
+def test_gpu_config_matches_eager(fp32_cuda, rng, name):
+    """3 steps on 3 batches refilled in place: the same losses and state as eager.
+    The capstone's full-size network, so cuDNN and Triton pick their real kernels."""
+    device = fp32_cuda
+    if name not in available_configs(device):
+        pytest.skip(f"{name} is not available on this GPU (see available_configs)")
+    config = NetConfig()
+    state = init_params(config, int(rng.integers(1000)))
+    batches = [_batch(config, 32, rng, device) for _ in range(3)]
+    results = {}
+    for cfg in ("eager", name):
+        x, y = _batch(config, 32, rng, device)
+        step = make_torch_step(cfg, config, state, x, y, LR, device)
+        results[cfg] = (_run_steps(step, x, y, batches), _state(step))
+    (loss_e, eager), (loss_n, other) = results["eager"], results[name]
+    check(loss_n, loss_e, 1e-4, f"{name}: losses of 3 steps")
+    for key in (*PARAM_NAMES, *BUFFER_NAMES):
+        check(other[key], eager[key], 1e-4, f"{name}: {key} after 3 steps")
+    assert int(other["bn1.num_batches_tracked"]) == 3, "warm-up steps were not undone"
+
+
+@pytest.mark.gpu
+def test_time_torch_config_on_the_gpu(fp32_cuda, rng):
+    x, y = _batch(SMALL, 4, rng, fp32_cuda)
+    step = make_torch_step("cuda-graph", SMALL, init_params(SMALL, 0), x, y, LR, fp32_cuda)
+    ms = time_torch_config(step.run, steps=5, windows=2, warmup=2, device=fp32_cuda)
+    assert len(ms) == 2 and all(t > 0 for t in ms)
+    assert int(step.model.bn1.num_batches_tracked) == 2 + 2 * 5
