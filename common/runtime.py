@@ -233,6 +233,7 @@ def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> 
 
 _shape_verdicts: dict[tuple[str, int], str | None] = {}
 _parsed_files: dict[str, Any] = {}
+_parse_lock = threading.Lock()
 
 
 def _shape_problem(node: Any, frame: Any) -> str | None:
@@ -270,14 +271,18 @@ def check_constant_shape(frame: Any, what: str) -> None:
     key = (frame.f_code.co_filename, frame.f_lineno)
     if key not in _shape_verdicts:
         verdict = None
-        tree = _parsed_files.get(key[0])
-        if tree is None:
-            try:
-                with open(key[0]) as f:
-                    tree = ast.parse(f.read())
-            except (OSError, SyntaxError):
-                tree = False
-            _parsed_files[key[0]] = tree
+        # Simulated threads reach this together. CPython 3.11's ast.parse is not
+        # safe to run in two threads at once ("AST constructor recursion depth
+        # mismatch", seen here): one thread parses a file, the others wait.
+        with _parse_lock:
+            tree = _parsed_files.get(key[0])
+            if tree is None:
+                try:
+                    with open(key[0]) as f:
+                        tree = ast.parse(f.read())
+                except (OSError, SyntaxError):
+                    tree = False
+                _parsed_files[key[0]] = tree
         if tree:
             for node in ast.walk(tree):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

@@ -7,7 +7,7 @@
    CPU (final_project.checks), rel error < 1e-4; prints every error.
 2. One full NumbaCNN training step against the float64 torch twin (loss, every
    gradient, parameters and running statistics after the update), and the
-   evaluation-mode forward.
+   evaluation-mode forward; the same for FastCNN at batch 64 and 1024.
 3. Times, with CUDA events (common.timing.benchmark), the forward (with loss),
    backward, SGD update and whole step at each batch size, and each layer's
    forward and backward, so we see where the time goes. Writes
@@ -29,6 +29,7 @@ from common.checking import CheckError
 from common.runtime import is_simulator, pick
 from common.timing import benchmark, device_peaks, format_table, write_json
 from final_project import checks as C
+from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN
 
 
@@ -53,6 +54,14 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
     errs.update(C.check_sgd(rng, pick(gpu=500_000, simulator=100)))
     errs.update({f"step {k}": v for k, v in C.check_train_step(config, n, rng).items()})
     errs.update(C.check_eval_forward(config, n, rng))
+    # The fast model (fused and tiled kernels, CUDA graph) against the same twin,
+    # at the check batch and at the largest one: its batch-long sums (weight
+    # gradients over N*H*W = 800k terms at 1024) are only exercised at full size.
+    for batch in sorted({n, pick(gpu=1024, simulator=n)}):
+        errs.update({f"fast step b{batch} {k}": v for k, v in C.check_train_step(
+            config, batch, rng, model_cls=FastCNN).items()})
+    errs.update({f"fast {k}": v for k, v in C.check_eval_forward(
+        config, n, rng, model_cls=FastCNN).items()})
     return errs
 
 

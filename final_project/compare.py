@@ -3,28 +3,34 @@
     python -m final_project.compare --dataset fashion-mnist --data-dir DIR --epochs 3
     python -m final_project.compare --epochs 0 --time-batch-sizes 64,256,1024   # timing only
 
-Two parts, one run:
+Three parts, one run:
 
-1. Accuracy. ``NumbaCNN`` and its PyTorch twin (``TorchCNN``, on CUDA when
-   torch has it, else the CPU) start from the same weights (``init_params``)
-   and train with plain SGD on the same batches in the same order (one
-   shuffled host buffer per epoch, seeded). Printed side by side: the mean
-   loss every ``--loss-every`` steps, each epoch's train loss and test accuracy.
-   The two drift apart slowly: float32 sums in another order give other
-   rounding, and training amplifies it; the accuracies should agree to a few
-   tenths of a point.
-2. Time per training step, at each of ``--time-batch-sizes``: batch copy
-   host -> device (pinned) + forward + backward + SGD update (+ zero-grad for
-   torch; our kernels overwrite the gradients instead), for each
-   implementation. After ``--time-warmup`` untimed steps (10), each of
-   ``--time-windows`` windows (2) of ``--time-steps`` consecutive steps (100)
-   is timed between two CUDA events; the median window divided by its steps
-   is reported. Torch runs in full FP32 (TF32 off, as our kernels) unless
-   ``--torch-tf32``; cuDNN picks its algorithms by its heuristics
-   (``cudnn.benchmark`` off, torch's default).
+1. Accuracy. Our model (``--kernels``/``--graph``: by default on a GPU the fast
+   kernels, one CUDA graph a step) and its PyTorch twin (``TorchCNN``, eager,
+   on CUDA when torch has it, else the CPU) start from the same weights
+   (``init_params``) and train with plain SGD on the same batches in the same
+   order (one shuffled host buffer per epoch, seeded). Printed side by side:
+   the mean loss every ``--loss-every`` steps, each epoch's train loss and
+   test accuracy, and each whole run's wall time (time to accuracy). The two
+   drift apart slowly: float32 sums in another order give other rounding, and
+   training amplifies it; the accuracies should agree to a few tenths of a point.
+2. Time per training step, at each of ``--time-batch-sizes``, of every
+   configuration: ours (naive kernels launched from Python, fast kernels
+   launched from Python, fast kernels in one CUDA graph) and PyTorch's
+   (:mod:`final_project.torch_configs`: eager, ``torch.compile``,
+   ``mode="reduce-overhead"``, the whole step in ``torch.cuda.graph``). A step
+   is batch copy host -> device (pinned) + forward + backward + SGD update.
+   After ``--time-warmup`` untimed steps (20), each of ``--time-windows``
+   windows (5) of ``--time-steps`` consecutive steps (50) is timed between two
+   CUDA events; the median window divided by its steps is reported (the naive
+   kernels: 3 windows of ``--naive-steps``). Torch runs in full FP32 (TF32
+   off, as our kernels) unless ``--torch-tf32``; cuDNN picks its algorithms by
+   its heuristics (``cudnn.benchmark`` off, torch's default).
+3. On a GPU, the fast step stage by stage (:func:`stage_breakdown`): GPU time,
+   GFLOP/s or GB/s, and the fraction of the device's measured peaks.
 
 Written to ``--out``: ``compare.json`` (both histories, loss curves, the
-timing table, the GPU's name) and ``compare.png`` (loss curves; ms per step
+timing table, the per-stage tables, the GPU's name) and ``compare.png`` (loss curves; ms per step
 against batch size). In the simulator it runs the tiny configuration of
 ``final_project.train`` and says the timings are meaningless.
 """
@@ -406,7 +412,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
     for name, style in (("numba", "-"), ("torch", "--")):
         curve = result["accuracy_run"]["curves"].get(name) or []
         if curve:
@@ -415,7 +421,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax1.set_xlabel("step")
     ax1.set_ylabel(f"train loss (mean of {result['accuracy_run']['loss_every']} steps)")
     ax1.set_title("same weights, same batches")
-    ax1.legend()
+    if ax1.lines:
+        ax1.legend()
     rows = [r for r in result["timing"] if any(r["ms"].values())]
     if rows:
         bs = [r["batch_size"] for r in rows]
@@ -425,7 +432,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 ax2.plot(bs, ms, "o-" if name.startswith("numba") else "s--", label=name)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log")
-        ax2.legend()
+        ax2.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
     else:
         ax2.text(0.5, 0.5, "no timings (simulator)", ha="center", va="center")
     ax2.set_xlabel("batch size")

@@ -57,6 +57,23 @@ REDUCE_THREADS = pick(gpu=128, simulator=16)  # per-channel finalize blocks
 # ---------------------------------------------------------------------------
 
 
+@cuda.jit(device=True)
+def tree_sum_pair(s0, s1, t, size):
+    """Add up s0[:size] and s1[:size] (shared, float64) into s0[0], s1[0].
+
+    The caller has stored one value per thread in each and synchronised; a
+    shared-memory tree halves the live sums log2(size) times (size a power of
+    two), a barrier after each level (chapter 6, reduction version 3).
+    """
+    stride = size // 2
+    while stride > 0:
+        if t < stride:
+            s0[t] += s0[t + stride]
+            s1[t] += s1[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+
+
 def make_partials_finalize(THREADS_R):
     """Kernels that sum (P, 2, C) float64 partials over P, one block per channel."""
 
@@ -73,13 +90,7 @@ def make_partials_finalize(THREADS_R):
         s0[t] = a
         s1[t] = b
         cuda.syncthreads()
-        stride = THREADS_R // 2
-        while stride > 0:
-            if t < stride:
-                s0[t] += s0[t + stride]
-                s1[t] += s1[t + stride]
-            cuda.syncthreads()
-            stride //= 2
+        tree_sum_pair(s0, s1, t, THREADS_R)
 
     @cuda.jit
     def bn_stats_finalize(partials, count, gamma, beta, eps, momentum,
@@ -265,13 +276,7 @@ def make_bn_backward_reduce(BLOCK):
         s0[t] = a
         s1[t] = b
         cuda.syncthreads()
-        stride = BLOCK // 2
-        while stride > 0:
-            if t < stride:
-                s0[t] += s0[t + stride]
-                s1[t] += s1[t + stride]
-            cuda.syncthreads()
-            stride //= 2
+        tree_sum_pair(s0, s1, t, BLOCK)
         if t == 0:
             partials[p, 0, c] = s0[0]
             partials[p, 1, c] = s1[0]

@@ -176,7 +176,7 @@ def test_compare_tiny_writes_json_and_plot(offline, capsys):
         assert 0 <= run[k][-1]["test_accuracy"] <= 100
     assert [r["batch_size"] for r in result["timing"]] == [8]
     if is_simulator():
-        assert result["timing"][0]["numba_ms_per_step"] is None
+        assert result["timing"][0]["ms"] == {"numba naive eager": None, "torch eager": None}
     assert result["device"] and result["config"]["c1"] == 4
 
 
@@ -247,7 +247,12 @@ def test_compare_timing_windows_path(monkeypatch):
     calls.clear()
     times = fcompare._time_windows(calls.append, steps=2, windows=3, warmup=0, on_gpu=False)
     assert calls == [0, 2, 2, 2] and all(t >= 0 for t in times) and len(times) == 3
-    table = fcompare.format_timing_table(
-        [{"batch_size": 64, "numba_ms_per_step": 2.0, "torch_ms_per_step": 0.5,
-          "numba_over_torch": 4.0}], "H100", "cuda")
-    assert "64" in table and "4.0" in table and "32000" in table  # 64 / 2 ms = 32000 img/s
+    rows = [{"batch_size": b, "ms": {"numba fast graph": ms, "torch eager": 2 * ms,
+                                     "torch cuda-graph": None},
+             "best_torch": "torch eager", "fast_graph_over_best_torch": 0.5}
+            for b, ms in ((64, 0.25), (1024, 2.5))]
+    table = fcompare.format_timing_table(rows, "H100", "cuda").splitlines()
+    assert "batch 64" in table[1] and "batch 1024" in table[1]
+    assert table[2].split() == ["numba", "fast", "graph", "0.250", "2.500"]
+    assert table[4].split() == ["torch", "cuda-graph", "-", "-"]  # not run: a dash
+    assert table[5].split()[-2:] == ["0.50x", "0.50x"] and table[6].split()[-1] == "eager"

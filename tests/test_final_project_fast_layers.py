@@ -217,12 +217,20 @@ def test_classifier_fused(rng, n, hidden, classes):
     check(outs["logits"].array, logits_ref.detach(), TOL, "logits")
     row_ref = F.cross_entropy(logits_ref.detach(), torch.from_numpy(labels).long(),
                               reduction="none")
-    check(outs["row_loss"].array, row_ref, TOL, "row loss")
+    # A row's loss is lse - logit[label]: in float32 both terms carry an absolute
+    # error of a few eps * |logit|, which a confident row's tiny loss cannot
+    # absorb. Allow that much per row (as checks.check_log_softmax_nll does),
+    # and no more: an indexing or max-subtraction bug is far larger.
+    eps32 = float(np.finfo(np.float32).eps)
+    logits_max = float(logits_ref.detach().abs().max()) + np.log(classes)
+    abs_row = 4 * eps32 * logits_max
+    row_tol = max(TOL, abs_row * np.sqrt(n) / float(row_ref.norm()))
+    check(outs["row_loss"].array, row_ref, row_tol, "row loss")
     check(outs["dlogits"].array, logits_ref.grad, TOL, "dlogits")
     check(outs["dh"].array, dh_ref, TOL, "dh")
     mean = guarded(1, np.float32)
     fl.mean_reduce(outs["row_loss"].array, mean.array)
-    check(mean.array, loss.detach().reshape(1), TOL, "mean loss")
+    check(mean.array, loss.detach().reshape(1), max(TOL, abs_row / float(loss)), "mean loss")
 
 
 def test_classifier_invalid_label_gives_nan(rng):
