@@ -43,7 +43,7 @@ from final_project import fast_conv as fconv
 from final_project import fast_layers as fl
 from final_project import kernels as naive
 from final_project.graph import CudaGraphBackend, default_graph_backend
-from final_project.model import CNNBase, NetConfig, _is_c_contiguous
+from final_project.model import CNNBase, NetConfig, _Layer
 
 # The stage names of one training step, in launch order: what compare.py's
 # per-kernel breakdown reports (a stage may be one or two launches).
@@ -65,7 +65,7 @@ def _max_size(fn: Callable[[int], int], max_batch: int) -> int:
     return max(fn(n) for n in range(1, max_batch + 1))
 
 
-class FastCNN(CNNBase):
+class FastCNN(CNNBase, _Layer):
     """The capstone network on the fast kernels (see the module docstring).
 
     Args:
@@ -166,14 +166,6 @@ class FastCNN(CNNBase):
         self.conv1_grad_partials = dev(_max_size(lambda n: int(np.prod(
             fconv.conv2d_grad_weight_igemm_partials_shape(n, h, w, c.c1, c.in_channels, 3))),
             m), f32)
-
-    def _rows(self, name: str, n: int) -> Any:
-        """The first n rows of a batch-sized buffer (views cached: no work per step)."""
-        key = (name, n)
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = getattr(self, name)[:n]
-        return view
 
     def _scratch(self, name: str, n: int, shape_fn: Callable[[int], tuple]) -> Any:
         key = (name, n)
@@ -311,35 +303,12 @@ class FastCNN(CNNBase):
         memory makes the copy asynchronous), shaped and typed as
         :meth:`~final_project.model.CNNBase.validate_batch` requires.
         """
-        if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
-            self._validate_host(x, y)
-        else:
-            x, y = self.validate_batch(x, y)
+        x, y = self.validate_batch(x, y, allow_host=True)
         n = x.shape[0]
         self._rows("x_static", n).copy_to_device(x, stream=self.stream)
         if y is not None:
             self._rows("y_static", n).copy_to_device(y, stream=self.stream)
         return n
-
-    def _validate_host(self, x: Any, y: Any) -> None:
-        c = self.config
-        want = (c.in_channels, c.height, c.width)
-        for name, a, dtype, shape in (("x", x, np.float32, want), ("y", y, np.int32, ())):
-            if a is None and name == "y":
-                continue
-            if not isinstance(a, np.ndarray):
-                raise ValueError(f"{name}: give x and y both as host arrays or both as device "
-                                 f"arrays, got {type(a).__name__}")
-            if a.dtype != dtype:
-                raise ValueError(f"{name} has dtype {a.dtype}, expected {np.dtype(dtype)} "
-                                 f"({name}.astype(np.{np.dtype(dtype)}))")
-            if tuple(a.shape[1:]) != shape or not 1 <= len(a) <= self.max_batch:
-                raise ValueError(f"{name} has shape {a.shape}, expected (N, *{shape}) with "
-                                 f"1 <= N <= max_batch={self.max_batch}")
-            if not _is_c_contiguous(a):
-                raise ValueError(f"{name} is not C-contiguous: np.ascontiguousarray({name})")
-        if y is not None and len(y) != len(x):
-            raise ValueError(f"y has {len(y)} labels for {len(x)} images")
 
     # -- public ----------------------------------------------------------------------
 

@@ -441,20 +441,26 @@ class CNNBase:
 
     # -- checks --------------------------------------------------------------
 
-    def validate_batch(self, x: Any, y: Any = None) -> tuple[Any, Any]:
+    def validate_batch(self, x: Any, y: Any = None, allow_host: bool = False
+                       ) -> tuple[Any, Any]:
         """Check a batch's shapes, dtypes and layout (no host copy); return device arrays.
 
         x: float32 (N, C, H, W) C-contiguous device array, 1 <= N <= max_batch;
         y: int32 (N,) device array, or None (forward only). CUDA torch tensors are
         accepted (viewed, not copied). Label values are checked on the device:
-        a label outside [0, num_classes) makes the loss NaN.
+        a label outside [0, num_classes) makes the loss NaN. With ``allow_host``
+        NumPy arrays pass too (checked the same way, returned as they are).
 
         Raises:
-            ValueError: host arrays, wrong dtype, shape, batch size or layout,
-                each with what to do instead.
+            ValueError: host arrays (unless allowed), wrong dtype, shape, batch
+                size or layout, each with what to do instead.
         """
+
+        def as_array(a: Any, name: str) -> Any:
+            return a if allow_host and isinstance(a, np.ndarray) else _as_device_array(a, name)
+
         c = self.config
-        x = _as_device_array(x, "x")
+        x = as_array(x, "x")
         want = (c.in_channels, c.height, c.width)
         if len(x.shape) != 4 or tuple(x.shape[1:]) != want:
             raise ValueError(f"x has shape {tuple(x.shape)}, expected (N, {want[0]}, {want[1]}, "
@@ -470,7 +476,7 @@ class CNNBase:
                              "before cuda.to_device")
         if y is None:
             return x, None
-        y = _as_device_array(y, "y")
+        y = as_array(y, "y")
         if tuple(y.shape) != (n,):
             raise ValueError(f"y has shape {tuple(y.shape)}, expected ({n},): one label per image")
         if y.dtype != np.int32:
