@@ -183,12 +183,19 @@ def bn_eval_scale_shift(gamma, beta, running_mean, running_var, eps: float, scal
 
 
 @cuda.jit(device=True, inline=True)
-def _window_of(q, plane_out, w_out):
-    """(c, ph, pw) of window q of one image, in int32."""
+def _this_window(pooled):
+    """(n, c, ph, pw) of this thread's 2x2 window under the grid of
+    :func:`_window_grid`, in int32; c = -1 for a thread past the last window."""
+    channels = int32(pooled.shape[1])
+    w_out = int32(pooled.shape[3])
+    plane_out = int32(pooled.shape[2]) * w_out
+    q = int32(cuda.blockIdx.x) * int32(cuda.blockDim.x) + int32(cuda.threadIdx.x)
+    if q >= channels * plane_out:
+        return 0, -1, 0, 0
     c = q // plane_out
     r = q - c * plane_out
     ph = r // w_out
-    return c, ph, r - ph * w_out
+    return cuda.blockIdx.y, c, ph, r - ph * w_out
 
 
 # Thread per pooled output: 4 reads of z, 1 write + 1 byte of argmax, where the
@@ -198,14 +205,9 @@ def _window_of(q, plane_out, w_out):
 # in row-major order, as torch's max_pool2d does (ties among zeros included).
 @cuda.jit
 def bn_relu_maxpool_forward_kernel(z, scale, shift, pooled, argmax):
-    n = cuda.blockIdx.y
-    channels = int32(pooled.shape[1])
-    w_out = int32(pooled.shape[3])
-    plane_out = int32(pooled.shape[2]) * w_out
-    q = int32(cuda.blockIdx.x) * int32(cuda.blockDim.x) + int32(cuda.threadIdx.x)
-    if q >= channels * plane_out:
+    n, c, ph, pw = _this_window(pooled)
+    if c < 0:
         return
-    c, ph, pw = _window_of(q, plane_out, w_out)
     sc = scale[c]
     sh = shift[c]
     zero = float32(0.0)
@@ -320,14 +322,9 @@ def bn_relu_maxpool_backward_reduce(dpooled, argmax, z, mean, invstd, scale, shi
 @cuda.jit
 def bn_relu_maxpool_backward_dx_kernel(dpooled, argmax, z, mean, invstd, scale, shift, gamma,
                                        dgamma, dbeta, dz):
-    n = cuda.blockIdx.y
-    channels = int32(dpooled.shape[1])
-    w_out = int32(dpooled.shape[3])
-    plane_out = int32(dpooled.shape[2]) * w_out
-    q = int32(cuda.blockIdx.x) * int32(cuda.blockDim.x) + int32(cuda.threadIdx.x)
-    if q >= channels * plane_out:
+    n, c, ph, pw = _this_window(dpooled)
+    if c < 0:
         return
-    c, ph, pw = _window_of(q, plane_out, w_out)
     count = float32(dz.shape[0] * dz.shape[2] * dz.shape[3])
     mu = mean[c]
     inv = invstd[c]
