@@ -16,6 +16,14 @@ Two habits make wrong kernels fail instead of passing by luck:
   poisoned buffer, and the check also confirms the cells around it were not
   written. A kernel without a bounds check writes there on a GPU (where an
   out-of-bounds write is silent) and raises IndexError in the simulator.
+
+A failed check says the symptom and, where the pattern of the wrong elements
+gives it away, the likely cause: unwritten elements (NaN, or an integer
+poison), a tail the grid did not reach, lost increments (a missing atomic),
+an index off by one or by a block, every block redoing block 0, rows and
+columns swapped, a per-block term missing. Its own frames are hidden from
+pytest tracebacks (``__tracebackhide__``), so a failure points at the test
+line that called it.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any 
             or the wrong dtype.
         ValueError: the wrong number of dimensions.
     """
+    __tracebackhide__ = True
     if not hasattr(a, "copy_to_host"):
         raise TypeError(f"{name} must be a device array (cuda.to_device(...)), got {type(a)}")
     if ndim is not None and a.ndim != ndim:
@@ -72,6 +81,7 @@ def rel_error(out: Any, ref: Any) -> float:
     Raises:
         ValueError: shapes differ, or ``ref`` is all zeros.
     """
+    __tracebackhide__ = True
     o = _to_host(out).astype(np.float64)
     r = _to_host(ref).astype(np.float64)
     if o.shape != r.shape:
@@ -87,15 +97,136 @@ def rel_error(out: Any, ref: Any) -> float:
     return float(np.linalg.norm(o - r) / norm)
 
 
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << k for k in range(1, max(limit, 1).bit_length()) if (1 << k) <= limit]
+
+
+def _tail_start(mask: np.ndarray) -> int | None:
+    """k if ``mask`` (1-D) is False before index k and True from k on, with 0 < k."""
+    hits = np.flatnonzero(mask)
+    if hits.size and 0 < hits[0] and hits.size == mask.size - hits[0]:
+        return int(hits[0])
+    return None
+
+
+def _unwritten_causes(unwritten: np.ndarray) -> list[str]:
+    """Causes from where the unwritten (still poisoned) elements lie."""
+    if unwritten.all():
+        return ["nothing was written: was the kernel launched, and does it write this output?"]
+    flat = unwritten.reshape(-1)
+    if unwritten.ndim == 2:
+        rows, cols = unwritten.all(axis=1), unwritten.all(axis=0)
+        if unwritten.sum() == rows.sum() * unwritten.shape[1]:
+            k = _tail_start(rows)
+            if k is not None:
+                return [f"rows {k} and up were never written: the grid does not cover "
+                        "every row (ceil_div for the y blocks? rows are the y index)"]
+        if unwritten.sum() == cols.sum() * unwritten.shape[0]:
+            k = _tail_start(cols)
+            if k is not None:
+                return [f"columns {k} and up were never written: the grid does not cover "
+                        "every column (ceil_div for the x blocks? columns are the x index)"]
+    k = _tail_start(flat)
+    if k is not None:
+        return [f"elements {k} and up were never written: the grid stops short "
+                "(launch ceil_div(n, threads) blocks, or loop with a grid stride)"]
+    return []
+
+
+def _pattern_causes(o: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> list[str]:
+    """Likely causes of a mismatch, from cheap tests of its pattern (float64 arrays).
+
+    Each test is one the wrong answer fits exactly and a random right answer
+    does not; none is run on fewer than 4 elements.
+    """
+    def close(a: np.ndarray, b: np.ndarray) -> bool:
+        return a.size > 0 and bool(np.all(np.isclose(a, b, rtol=rtol, atol=atol)))
+
+    if o.size < 4 or not np.all(np.isfinite(o)) or close(o, r):
+        return []
+    if o.ndim == 2 and o.shape[0] == o.shape[1] and close(o, r.T):
+        return ["the output is the transpose of the expected one: rows and columns "
+                "swapped? (cuda.grid(2) returns (x, y): x walks columns, y rows)"]
+    diff = o - r
+    if close(diff, np.full_like(diff, diff.flat[0])):
+        return [f"every element is off by the same {diff.flat[0]:.6g}: a constant term wrong or missing?"]
+    nonzero = np.abs(r) > atol
+    if nonzero.sum() >= 2:
+        ratio = o[nonzero] / r[nonzero]
+        if close(ratio, np.full_like(ratio, ratio[0])) and close(o, ratio[0] * r):
+            return [f"every element is {ratio[0]:.6g} times the expected one: a scale factor wrong or missing?"]
+    if o.ndim != 1:
+        return []
+    # Below, a pattern counts only if the reference does not have it too (a
+    # constant or periodic reference would match a shifted copy of itself).
+    n = o.size
+    for p in _powers_of_two(n - 1):
+        repeat = np.arange(n) % p
+        if p >= 4 and close(o, r[repeat]) and not close(r, r[repeat]):
+            return [f"out[i] equals the expected out[i % {p}]: every block of {p} threads redid "
+                    "block 0's elements (an index from cuda.threadIdx.x alone? use cuda.grid(1))"]
+    for s in [1, -1, 2, -2] + [v for p in _powers_of_two(n // 2) if p > 2 for v in (p, -p)]:
+        if n - abs(s) >= max(2, n // 2):
+            a = abs(s)
+            shifted = close(o[:-a], r[a:]) if s > 0 else close(o[a:], r[:-a])
+            if shifted and not close(r[:-a], r[a:]):
+                what = "off by one" if a == 1 else f"off by {a} (a block's worth?)"
+                return [f"out[i] holds the expected out[i {'+' if s > 0 else '-'} {a}]: an index {what}"]
+    for p in reversed(_powers_of_two(n - 1)):
+        if p < 8:
+            break
+        # diff constant within each run of p elements (the last run may be short)
+        starts = diff[np.arange(n) // p * p]
+        if close(diff, starts):
+            return [f"the error is one constant for each run of {p} elements (one per block of "
+                    f"{p}?): a per-block term is missing or wrong (the sum of the earlier blocks?)"]
+    return []
+
+
+def _count_causes(o: np.ndarray, r: np.ndarray) -> list[str]:
+    """Causes for integer counts (no negative values) that come out too low or too high."""
+    if o.min() < 0 or r.min() < 0:
+        return []
+    got, want = int(o.sum()), int(r.sum())
+    bad = o != r
+    total = "" if o.size == 1 else f"the counts sum to {got}, expected {want}: "
+    if np.all(o[bad] < r[bad]):
+        return [f"{total}{want - got} increments were lost or never made: a race (use "
+                "cuda.atomic.add)? or elements the grid never reached?"]
+    if np.all(o[bad] > r[bad]):
+        return [f"{total}{got - want} too many: elements counted twice (overlapping "
+                "grid-stride ranges? a wrong comparison?)"]
+    return []
+
+
+def likely_cause(error: BaseException) -> str | None:
+    """The likely cause of an exception a kernel raised, when its kind gives it away.
+
+    An ``IndexError`` from the simulator (its message names the thread:
+    ``tid=[..] ctaid=[..]``) is a thread past the end of an array: on a GPU
+    the same kernel writes out of bounds silently.
+    """
+    if isinstance(error, IndexError) and "tid=" in str(error):
+        return ("likely cause: a thread indexed past the end of an array; threads "
+                "past the end must do nothing (a bounds check such as `if i < out.size:`)")
+    return None
+
+
 def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
     """Assert ``rel_error(out, ref) <= tol``; return the error.
 
-    Integer and boolean outputs must match exactly (``tol`` ignored).
+    Integer and boolean outputs must match exactly (``tol`` ignored). A scalar
+    works too: ``check(count, expected)``.
 
     Raises:
-        CheckError: with the relative error, the number of unwritten (NaN)
-            elements and the first mismatching index with both values.
+        CheckError: with the relative error, the number of unwritten (NaN or
+            integer poison) elements, the first mismatching index with both
+            values and, when the pattern of the mismatch shows it, the likely
+            cause ("1 of 17 elements are NaN (never written?)"; "got 229,
+            expected 233: 4 increments were lost ...: a race (use
+            cuda.atomic.add)?"; "an index off by one").
     """
+    __tracebackhide__ = True
     o = _to_host(out)
     r = _to_host(ref)
     if o.shape != r.shape:
@@ -105,27 +236,49 @@ def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
         if not bad.any():
             return 0.0
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise CheckError(
-            f"{name}: {int(bad.sum())} of {o.size} elements differ; first at index "
-            f"{idx}: got {o[idx]!r}, expected {r[idx]!r}"
-        )
+        if o.size == 1:
+            msg = f"{name}: got {o[idx].item()!r}, expected {r[idx].item()!r}"
+        else:
+            msg = (f"{name}: {int(bad.sum())} of {o.size} elements differ; first at index "
+                   f"{idx}: got {o[idx].item()!r}, expected {r[idx].item()!r}")
+        causes: list[str] = []
+        if o.dtype.kind in "iu":
+            unwritten = o == poison_value(o.dtype)
+            if unwritten.any() and not (r == poison_value(o.dtype)).any():
+                msg += (f"; {int(unwritten.sum())} of {o.size} elements still hold the poison "
+                        f"value {poison_value(o.dtype)} (never written?)")
+                causes = _unwritten_causes(unwritten)
+            elif r.dtype.kind in "iu":
+                causes = _count_causes(o.astype(np.int64), r.astype(np.int64))
+                causes += _pattern_causes(o.astype(np.float64), r.astype(np.float64), 0.0, 0.0)
+        if o.size == 1 and causes:  # "got 229, expected 233: 4 increments were lost ..."
+            raise CheckError(f"{msg}: {'; '.join(causes)}")
+        raise CheckError("; ".join([msg, *causes]))
     err = rel_error(o, r)
     if err <= tol:
         return err
     o64, r64 = o.astype(np.float64), r.astype(np.float64)
     scale = np.abs(r64).max()
     bad = ~np.isclose(o64, r64, rtol=tol, atol=tol * scale) | ~np.isfinite(o64)
-    nan_count = int(np.isnan(o64).sum())
+    nan = np.isnan(o64)
     msg = f"{name}: relative error {err:.3g} > tolerance {tol:.1g}"
-    if nan_count:
-        msg += f"; {nan_count} of {o.size} elements are NaN (never written?)"
+    if nan.any():
+        msg += f"; {int(nan.sum())} of {o.size} elements are NaN (never written?)"
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         msg += (
-            f"; first mismatch at index {idx}: got {o64[idx]!r}, expected "
-            f"{r64[idx]!r} ({int(bad.sum())} mismatching elements)"
+            f"; first mismatch at index {idx}: got {o64[idx].item()!r}, expected "
+            f"{r64[idx].item()!r} ({int(bad.sum())} mismatching elements)"
         )
-    raise CheckError(msg)
+    causes = []
+    if not nan.any():
+        causes = _pattern_causes(o64, r64, tol, tol * scale)
+    elif np.all(np.isfinite(r64)):
+        causes = _unwritten_causes(nan)
+        k = _tail_start(nan.reshape(-1)) if o64.ndim == 1 else None
+        if k is not None:  # the written part may show why the tail was left out
+            causes = _pattern_causes(o64[:k], r64[:k], tol, tol * scale) or causes
+    raise CheckError("; ".join([msg, *causes]))
 
 
 # A quiet NaN with a payload no arithmetic produces (a GPU returns its canonical
@@ -185,12 +338,23 @@ class Guarded:
                            == poison.view(np.uint8)))
 
     def check_untouched(self, name: str = "output") -> None:
-        """Raise CheckError if the kernel wrote outside ``array``."""
-        if not self.outside_untouched():
-            raise CheckError(
-                f"{name}: the kernel wrote outside the output array (missing "
-                "bounds check? threads past the end must do nothing)"
-            )
+        """Raise CheckError if the kernel wrote outside ``array``, saying where."""
+        __tracebackhide__ = True
+        if self.outside_untouched():
+            return
+        outside = self.outside_values()
+        poison = np.full(1, poison_value(outside.dtype), dtype=outside.dtype)
+        written = ~np.all(outside.view(np.uint8).reshape(outside.size, -1)
+                          == poison.view(np.uint8), axis=1)
+        before = int(written[: self._start].sum())
+        after = int(written[self._start :].sum())
+        where = ", ".join(part for part in (
+            f"{before} cells before its start" if before else "",
+            f"{after} cells past its end" if after else "") if part)
+        raise CheckError(
+            f"{name}: the kernel wrote outside the output array ({where}): missing "
+            "bounds check? threads past the end must do nothing"
+        )
 
 
 def guarded(shape: int | Sequence[int], dtype: Any = np.float32, pad: int = 64) -> Guarded:

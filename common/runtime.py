@@ -85,11 +85,16 @@ def _select() -> tuple[str, str]:
         )
         return "gpu", "numba imported before common; no GPU found"
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    print(
-        "common: no usable NVIDIA GPU found; kernels run in the Numba CUDA "
-        "simulator (slow: problem sizes are reduced, timings are meaningless).",
-        file=sys.stderr,
-    )
+    # Said once per process, to a person at a terminal: not into logs, pipes or
+    # pytest's output (tests import common too), and not above --help text.
+    # `python -m common.doctor` always shows it (runtime.REASON).
+    wants_help = any(a in ("-h", "--help") for a in sys.argv[1:])
+    if sys.stderr.isatty() and "pytest" not in sys.modules and not wants_help:
+        print(
+            "common: no usable NVIDIA GPU found; kernels run in the Numba CUDA "
+            "simulator (slow: problem sizes are reduced, timings are meaningless).",
+            file=sys.stderr,
+        )
     return "simulator", "no usable NVIDIA GPU found"
 
 
@@ -236,6 +241,68 @@ _parsed_files: dict[str, Any] = {}
 _parse_lock = threading.Lock()
 
 
+def _parse(filename: str) -> Any:
+    """The AST of ``filename`` (cached), or None when it cannot be read or parsed."""
+    import ast
+
+    # Simulated threads reach this together. CPython 3.11's ast.parse is not
+    # safe to run in two threads at once ("AST constructor recursion depth
+    # mismatch", seen here): one thread parses a file, the others wait.
+    with _parse_lock:
+        tree = _parsed_files.get(filename)
+        if tree is None:
+            try:
+                with open(filename) as f:
+                    tree = ast.parse(f.read())
+            except (OSError, SyntaxError):
+                tree = False
+            _parsed_files[filename] = tree
+    return tree or None
+
+
+_SIMULATOR_FILES = ("simulator/kernel.py", "common/runtime.py", "common/racecheck.py")
+
+
+def _device_function_caller(frame: Any) -> Any:
+    """The frame that called ``frame``'s function as a device function, or None
+    when ``frame`` is a kernel launched from the host."""
+    back = frame.f_back
+    if back is None or not back.f_code.co_filename.replace("\\", "/").endswith(
+            "simulator/kernel.py") or back.f_code.co_name != "__call__":
+        return None
+    while back is not None and back.f_code.co_filename.replace("\\", "/").endswith(
+            _SIMULATOR_FILES):
+        back = back.f_back
+    return back
+
+
+def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
+    """The AST of the expression the caller passed for parameter ``name``, or None."""
+    import ast
+
+    tree = _parse(caller.f_code.co_filename)
+    if tree is None:
+        return None
+    code = frame.f_code
+    params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    position = params.index(name)
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call)
+                and node.lineno <= caller.f_lineno <= (node.end_lineno or node.lineno)):
+            continue
+        func = node.func
+        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        if called != code.co_name:
+            continue
+        for kw in node.keywords:
+            if kw.arg == name:
+                return kw.value
+        if position < len(node.args) and not any(
+                isinstance(a, ast.Starred) for a in node.args[: position + 1]):
+            return node.args[position]
+    return None
+
+
 def _shape_problem(node: Any, frame: Any) -> str | None:
     """Why the AST ``node`` of an array shape is not a compile-time constant, or None."""
     import ast
@@ -253,7 +320,16 @@ def _shape_problem(node: Any, frame: Any) -> str | None:
     if isinstance(node, ast.Name):
         code = frame.f_code
         if node.id in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-            return f"`{node.id}` is a kernel argument, known only at launch"
+            caller = _device_function_caller(frame)
+            if caller is None:
+                return f"`{node.id}` is a kernel argument, known only at launch"
+            # A device function is compiled for each call site: a parameter is a
+            # compile-time constant when the caller passes one (a literal tuple, a
+            # global), so judge the expression at the call site instead.
+            passed = _argument_at_call_site(node.id, frame, caller)
+            if passed is None:
+                return None  # cannot tell from the source: do not refuse valid code
+            return _shape_problem(passed, caller)
         return None  # a global or closure constant (or a local numba can fold)
     return f"`{ast.unparse(node)}` is computed inside the kernel"
 
@@ -269,20 +345,12 @@ def check_constant_shape(frame: Any, what: str) -> None:
     import ast
 
     key = (frame.f_code.co_filename, frame.f_lineno)
-    if key not in _shape_verdicts:
+    caller = _device_function_caller(frame)
+    # A device function's verdict depends on what its caller passes.
+    cache_key = key if caller is None else key + (caller.f_code.co_filename, caller.f_lineno)
+    if cache_key not in _shape_verdicts:
         verdict = None
-        # Simulated threads reach this together. CPython 3.11's ast.parse is not
-        # safe to run in two threads at once ("AST constructor recursion depth
-        # mismatch", seen here): one thread parses a file, the others wait.
-        with _parse_lock:
-            tree = _parsed_files.get(key[0])
-            if tree is None:
-                try:
-                    with open(key[0]) as f:
-                        tree = ast.parse(f.read())
-                except (OSError, SyntaxError):
-                    tree = False
-                _parsed_files[key[0]] = tree
+        tree = _parse(key[0])
         if tree:
             for node in ast.walk(tree):
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
@@ -293,8 +361,8 @@ def check_constant_shape(frame: Any, what: str) -> None:
                     if shape is not None:
                         verdict = _shape_problem(shape, frame)
                         break
-        _shape_verdicts[key] = verdict
-    problem = _shape_verdicts[key]
+        _shape_verdicts[cache_key] = verdict
+    problem = _shape_verdicts[cache_key]
     if problem:
         raise LaunchConfigError(
             f"{what} at {key[0]}:{key[1]}: the shape must be a compile-time constant on a "
@@ -308,6 +376,8 @@ def _install_simulator_checks() -> None:
     import numpy as np
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi as sim_api
+
+    from . import racecheck
 
     kernel_cls = sim_kernel.FakeCUDAKernel
     if getattr(kernel_cls, "_course_checks", False):
@@ -325,17 +395,22 @@ def _install_simulator_checks() -> None:
         return original_getitem(self, configuration)
 
     def call(self: Any, *args: Any) -> Any:
-        if self._device or sim_kernel._kernel_context or _interleave_depth == 0:
+        __tracebackhide__ = True
+        if self._device or sim_kernel._kernel_context:
             return original_call(self, *args)
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(INTERLEAVED_SWITCH_INTERVAL_S)
-        try:
-            return original_call(self, *args)
-        finally:
-            sys.setswitchinterval(old)
+        with racecheck.launch(self.fn, args):
+            if _interleave_depth == 0:
+                return original_call(self, *args)
+            old = sys.getswitchinterval()
+            sys.setswitchinterval(INTERLEAVED_SWITCH_INTERVAL_S)
+            try:
+                return original_call(self, *args)
+            finally:
+                sys.setswitchinterval(old)
 
     kernel_cls.__getitem__ = getitem
     kernel_cls.__call__ = call
+    racecheck.install()
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
@@ -352,15 +427,17 @@ def _install_simulator_checks() -> None:
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
         dtype = np.dtype(dtype)
+        caller = (frame.f_code.co_filename, frame.f_lineno)
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
-            return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
-        # The simulator's own version checks and creates without a lock: with
-        # fine thread switching two threads of a block could each create
-        # "their" shared array and never see each other's writes.
-        with _shared_alloc_lock:
-            return _get_or_create(self, caller, shape, dtype)
+            ary = np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
+        else:
+            # The simulator's own version checks and creates without a lock: with
+            # fine thread switching two threads of a block could each create
+            # "their" shared array and never see each other's writes.
+            with _shared_alloc_lock:
+                ary = _get_or_create(self, caller, shape, dtype)
+        return racecheck.SharedArray(ary) if racecheck.ENABLED else ary
 
     def _get_or_create(self: Any, caller: tuple[str, int], shape: Any, dtype: Any) -> Any:
         res = self._allocations.get(caller)

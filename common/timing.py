@@ -21,14 +21,17 @@ bandwidth, cuBLAS FP32 SGEMM (through torch, TF32 off) for arithmetic.
 
 Under the simulator nothing is timed: the simulator runs one Python thread per
 CUDA thread, so its "timings" say nothing about a GPU. The harness still runs
-the function once, so the code path is exercised.
+the function once, so the code path is exercised, and a script shows instead
+the figures its chapter README holds from a GPU run (:func:`readme_figures`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -39,7 +42,7 @@ import numpy as np
 
 from .runtime import is_simulator
 
-SIMULATOR_NOTE = "simulator: timings are meaningless, not measured"
+SIMULATOR_NOTE = "simulator: not timed; timings need a GPU"
 
 
 @dataclass
@@ -297,8 +300,15 @@ def format_table(results: Sequence[Timing], title: str | None = None) -> str:
     if title:
         lines.append(title)
     if results and not any(r.measured for r in results):
-        lines.append(f"  ({SIMULATOR_NOTE})")
-        lines.extend(f"  {r.name}" for r in results)
+        # Nothing was timed; what the simulator did establish is each version's check.
+        errors = [r.extra.get("rel_error") for r in results]
+        if any(e is None for e in errors):
+            lines.append(f"  ({SIMULATOR_NOTE})")
+            lines.extend(f"  {r.name}" for r in results)
+            return "\n".join(lines)
+        width = max(34, *(len(r.name) for r in results))
+        lines.append(f"  {'version':<{width}} {'rel. error':>10}  ({SIMULATOR_NOTE})")
+        lines.extend(f"  {r.name:<{width}} {e:>10.2g}" for r, e in zip(results, errors))
         return "\n".join(lines)
     header = (
         f"  {'version':<34} {'median ms':>10} {'p10-p90 ms':>17} "
@@ -325,3 +335,90 @@ def write_json(results: Iterable[Timing], path: str | os.PathLike[str], **meta: 
     payload = {"meta": meta, "results": [r.as_dict() for r in results]}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2))
+
+
+# --------------------------------------------------------------------------
+# Figures measured on a GPU, as the chapter README shows them
+# --------------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# In a chapter README, this line stands right before the "Measured on an NVIDIA ..."
+# paragraph that heads a script's table of GPU figures; the script prints that table
+# in the simulator, so the README is the one place the figures live.
+FIGURES_MARKER = re.compile(r"^<!-- gpu-figures: (?P<script>[\w.]+) -->\s*$")
+_MEASURED_ON = re.compile(r"^Measured on an? (?P<gpu>NVIDIA [\w ]+?)\s*[,(:]")
+_MARKDOWN = re.compile(r"`|\*\*")
+
+
+@dataclass
+class ReadmeFigures:
+    """One table of GPU figures from a chapter README, markdown stripped.
+
+    ``readme`` is the README's path relative to the repository, ``gpu`` the GPU
+    the figures were measured on ("NVIDIA H200"), ``caption`` the paragraph that
+    heads the table (what was measured, at which sizes), ``header`` and ``rows``
+    the table's cells.
+    """
+
+    readme: str
+    gpu: str
+    caption: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def format(self) -> str:
+        """The caption, then the table with aligned columns, for printing."""
+        caption = self.caption[0].lower() + self.caption[1:]
+        lines = textwrap.wrap(f"GPU figures from {self.readme}: {caption}", width=100,
+                              subsequent_indent="  ", break_on_hyphens=False)
+        widths = [max(len(row[c]) for row in [self.header, *self.rows])
+                  for c in range(len(self.header))]
+        for row in [self.header, *self.rows]:
+            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        return "\n".join(lines)
+
+
+def readme_figures(script: str | os.PathLike[str]) -> ReadmeFigures:
+    """The GPU figures that the README beside ``script`` holds for it.
+
+    Args:
+        script: path of a chapter script (pass ``__file__``); its folder's
+            README.md must have a line ``<!-- gpu-figures: NAME.py -->`` right
+            before a paragraph starting "Measured on an NVIDIA <GPU>", followed
+            by a markdown table.
+
+    Raises:
+        LookupError: no such marker, or it is not followed by a "Measured on"
+            paragraph and a table (the message names the README and line).
+    """
+    path = Path(script).resolve()
+    readme = path.parent / "README.md"
+    try:
+        shown = str(readme.relative_to(REPO_ROOT))
+    except ValueError:
+        shown = str(readme)
+    lines = readme.read_text().splitlines() if readme.exists() else []
+    start = next((i for i, line in enumerate(lines)
+                  if (m := FIGURES_MARKER.match(line)) and m["script"] == path.name), None)
+    if start is None:
+        raise LookupError(f"{shown}: no line '<!-- gpu-figures: {path.name} -->'; put one right "
+                          "before the 'Measured on an NVIDIA ...' paragraph of its table")
+    i = start + 1
+    caption = []
+    while i < len(lines) and lines[i].strip() and not lines[i].startswith("|"):
+        caption.append(lines[i].strip())
+        i += 1
+    text = _MARKDOWN.sub("", " ".join(caption))
+    measured_on = _MEASURED_ON.match(text)
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    table = []
+    while i < len(lines) and lines[i].startswith("|"):
+        table.append([_MARKDOWN.sub("", c).strip() for c in lines[i].strip().strip("|").split("|")])
+        i += 1
+    if measured_on is None or len(table) < 3 or any(len(r) != len(table[0]) for r in table):
+        raise LookupError(f"{shown}:{start + 1}: the gpu-figures marker must be followed by a "
+                          "paragraph starting 'Measured on an NVIDIA <GPU>' and a markdown table")
+    return ReadmeFigures(readme=shown, gpu=measured_on["gpu"], caption=text,
+                         header=table[0], rows=table[2:])

@@ -4,7 +4,10 @@
 
 1. Each layer's forward and backward at the network's real shapes (batch 64,
    28x28, 32/64 channels, 128 hidden) against torch.autograd in float64 on the
-   CPU (final_project.checks), rel error < 1e-4; prints every error.
+   CPU (final_project.checks), rel error < 1e-4; prints every error. The sums
+   over a whole batch (conv and batchnorm weight and bias gradients, naive and
+   fast) again at batch 1024, held to SUM_TOL = 2e-6: a float32 accumulator
+   over 800k terms fails there, and passes 1e-4.
 2. One full NumbaCNN training step against the float64 torch twin (loss, every
    gradient, parameters and running statistics after the update), and the
    evaluation-mode forward; the same for FastCNN at batch 64 and 1024.
@@ -25,25 +28,82 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-from common.checking import CheckError
+import torch
+import torch.nn.functional as F
+
+from common.checking import CheckError, check, guarded, random_array
 from common.runtime import is_simulator, pick
 from common.timing import benchmark, device_peaks, format_table, write_json
 from final_project import checks as C
+from final_project import fast_conv as FC
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN
+
+# Sums over a batch's pixels: N*H*W terms, 802,816 a conv1 weight (and a bn1
+# channel) at batch 1024, 200,704 a conv2 weight. The naive kernels add them in
+# float64, the fast ones in float32 chunks of <= 2048 added in float64. A kernel
+# with one float32 accumulator errs by about eps32 * sqrt(terms) / 2, which the
+# layer tolerance 1e-4 lets through. Emulated on the CPU on check_conv2d's
+# random float32 inputs at batch 1024 (relative error of dw, of db):
+#   one float32 accumulator          conv1 1.5e-5, 2.6e-5   conv2 7.2e-6, 1.0e-5
+#   float32 chunks + float64 (fast)  conv1 4.6e-7, 5.2e-7   conv2 7.2e-7, 8.4e-7
+#   float64 accumulator (naive)      conv1 2.5e-8, 2.1e-8   conv2 2.5e-8, 2.9e-8
+# (at batch 64 the float32 accumulator gives only 4.1e-6). SUM_TOL sits about a
+# factor 3 from the worst correct kernel and from the best wrong one.
+SUM_TOL = 2e-6
+LONG_SUMS = ("conv2d grad weight", "conv2d grad bias", "batchnorm grad weight",
+             "batchnorm grad bias")
+
+
+def _hold_long_sums(errs: dict[str, float], where: str) -> dict[str, float]:
+    """Raise CheckError if a batch-long sum in ``errs`` errs by more than SUM_TOL."""
+    for name, err in errs.items():
+        if name in LONG_SUMS and err > SUM_TOL:
+            raise CheckError(f"{where} {name}: relative error {err:.3g} > {SUM_TOL:g}, the "
+                             "bound for sums over the batch (a float32 accumulator?)")
+    return errs
+
+
+def check_fast_conv_grad_weight(rng, n: int, c_in: int, c_out: int, h: int, w: int
+                                ) -> dict[str, float]:
+    """FastCNN's weight-gradient kernel (split-K implicit GEMM, default tiles)
+    for a 3x3 'same' convolution of x (n, c_in, h, w), against torch in float64,
+    held to SUM_TOL."""
+    x = random_array((n, c_in, h, w), np.float32, rng)
+    dout = random_array((n, c_out, h, w), np.float32, rng)
+    tw = torch.zeros((c_out, c_in, 3, 3), dtype=torch.float64, requires_grad=True)
+    tb = torch.zeros(c_out, dtype=torch.float64, requires_grad=True)
+    F.conv2d(torch.from_numpy(x.astype(np.float64)), tw, tb, padding=1).backward(
+        torch.from_numpy(dout.astype(np.float64)))
+    dw, db = guarded(tuple(tw.shape), np.float32), guarded(c_out, np.float32)
+    partials = cuda.device_array(
+        FC.conv2d_grad_weight_igemm_partials_shape(n, h, w, c_out, c_in, 3), np.float32)
+    FC.conv2d_grad_weight_igemm(cuda.to_device(dout), cuda.to_device(x), 1, dw.array, db.array,
+                                partials)
+    dw.check_untouched("fast conv grad weight")
+    db.check_untouched("fast conv grad bias")
+    return {"fast conv grad weight": check(dw.array, tw.grad, SUM_TOL, "fast conv grad weight"),
+            "fast conv grad bias": check(db.array, tb.grad, SUM_TOL, "fast conv grad bias")}
 
 
 def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
     """Every layer check at this config's shapes, the train step and eval forward."""
     h, w = config.height, config.width
+    big = pick(gpu=1024, simulator=n)  # the largest batch: the longest sums
     errs: dict[str, float] = {}
-    errs.update({f"conv1 {k}": v for k, v in C.check_conv2d(
-        rng, n, config.in_channels, config.c1, h, w).items()})
-    errs.update({f"conv2 {k}": v for k, v in C.check_conv2d(
-        rng, n, config.c1, config.c2, h // 2, w // 2).items()})
-    errs.update({f"bn1 {k}": v for k, v in C.check_batchnorm(rng, n, config.c1, h, w).items()})
-    errs.update({f"bn2 {k}": v for k, v in C.check_batchnorm(
-        rng, n, config.c2, h // 2, w // 2).items()})
+    for batch in sorted({n, big}):
+        b = "" if batch == n else f" b{batch}"
+        for name, layer_errs in (
+                ("conv1", C.check_conv2d(rng, batch, config.in_channels, config.c1, h, w)),
+                ("conv2", C.check_conv2d(rng, batch, config.c1, config.c2, h // 2, w // 2)),
+                ("bn1", C.check_batchnorm(rng, batch, config.c1, h, w)),
+                ("bn2", C.check_batchnorm(rng, batch, config.c2, h // 2, w // 2))):
+            errs.update({f"{name}{b} {k}": v
+                         for k, v in _hold_long_sums(layer_errs, f"{name}{b}").items()})
+    errs.update({f"conv1 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
+        rng, big, config.in_channels, config.c1, h, w).items()})
+    errs.update({f"conv2 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
+        rng, big, config.c1, config.c2, h // 2, w // 2).items()})
     errs.update(C.check_relu(rng, (n, config.c1, h, w)))
     errs.update({f"pool1 {k}": v for k, v in C.check_maxpool(rng, n, config.c1, h, w).items()})
     errs.update({f"fc1 {k}": v for k, v in C.check_linear(

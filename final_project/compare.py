@@ -1,7 +1,7 @@
 """Our kernels against PyTorch, same network, same start, same batches.
 
     python -m final_project.compare --dataset fashion-mnist --data-dir DIR --epochs 3
-    python -m final_project.compare --epochs 0 --time-batch-sizes 64,256,1024   # timing only
+    python -m final_project.compare --timing-only --time-batch-sizes 64,256,1024
 
 Three parts, one run:
 
@@ -458,7 +458,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m final_project.compare",
                                 description=__doc__.splitlines()[0])
     ftrain.add_common_args(p)
-    p.set_defaults(out=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                   help=f"folder for compare.json and compare.png (default {DEFAULT_OUT}/)")
+    p.add_argument("--timing-only", action="store_true",
+                   help="skip the accuracy run (part 1): only time the steps")
     p.add_argument("--loss-every", type=int, default=None, metavar="K",
                    help="loss curve: mean of every K steps (default 50; tiny: 2)")
     p.add_argument("--time-batch-sizes", type=_batch_sizes, default=None, metavar="B1,B2",
@@ -480,10 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--torch-tf32", action="store_true",
                    help="let torch use TF32 tensor cores (default off: both sides full FP32)")
     args = p.parse_args(argv)
-    timing_only = args.epochs == 0
-    ftrain.resolve_args(args)  # (turns --epochs 0 into the default)
-    if timing_only:
-        args.epochs = 0
+    ftrain.resolve_args(args, p)
     tiny = args.tiny
     loss_every = args.loss_every or (2 if tiny else 50)
     time_sizes = args.time_batch_sizes or ([8] if tiny else [64, 256, 1024])
@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. accuracy: same weights, same batches; wall time of each whole run
     numba_hist, torch_hist = [], []
     seconds: dict[str, float] = {}
-    if args.epochs > 0:
+    if not args.timing_only:
         try:
             batches = fdata.EpochBatches(x_train, y_train, args.batch_size)
         except ValueError as e:
@@ -590,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": dataclasses.asdict(config),
         "dataset": ds.name, "source": ds.source, "is_sample": ds.is_sample,
         "accuracy_run": {
-            "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+            "epochs": 0 if args.timing_only else args.epochs, "batch_size": args.batch_size, "lr": args.lr,
             "seed": args.seed, "loss_every": loss_every, "curves": curves,
             "numba": numba_hist, "torch": torch_hist, "seconds": seconds,
             "kernels": ftrain.describe_kernels(args),

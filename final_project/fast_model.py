@@ -345,6 +345,12 @@ class FastCNN(CNNBase, _Layer):
         self.num_batches_tracked += 1
         self._loss_and_grads(n)
 
+    def pool_windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`NumbaCNN.pool_windows`: the fused kernels keep the window
+        position (0..3, row-major) of each maximum already."""
+        self.synchronize()
+        return (self._rows("argmax1", n).copy_to_host(), self._rows("argmax2", n).copy_to_host())
+
     def forward(self, x: Any, training: bool = False) -> Any:
         """Logits (N, num_classes) device array (a view of an internal buffer).
 

@@ -577,6 +577,17 @@ class NumbaCNN(CNNBase):
         K.argmax_rows(logits, out)
         return out
 
+    def pool_windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Where each 2x2 max-pool of the last forward pass (batch ``n``) took its
+        maximum: two int8 host arrays (n, C, H/2, W/2) of window positions 0..3
+        (row-major), for checking against a float64 twin that follows them."""
+        out = []
+        for pool in (self.pool1, self.pool2):
+            flat = pool.argmax[:n].copy_to_host().astype(np.int64)
+            _, _, h, w = pool.dx.shape
+            out.append((((flat // w) % h % 2) * 2 + flat % w % 2).astype(np.int8))
+        return out[0], out[1]
+
     def loss_and_grads(self, x: Any, y: Any) -> None:
         """Training-mode forward, loss and backward, without the update: fills
         ``self.loss`` and ``self.grads`` (by parameter name). Updates running stats."""

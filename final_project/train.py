@@ -3,7 +3,7 @@
     python -m final_project.train                                  # MNIST (cache/download/sample)
     python -m final_project.train --dataset fashion-mnist --data-dir DIR --epochs 3
     python -m final_project.train --data-dir DIR --train-from-test 8000 --epochs 5
-    python -m final_project.train --evaluate runs/final_project/checkpoint.npz
+    python -m final_project.train --evaluate runs/final_project/run-001/checkpoint.npz
 
 Each epoch the training images are shuffled with the seed (one permutation,
 ``numpy.random.default_rng(seed)``), gathered into one pinned host buffer, and
@@ -11,19 +11,23 @@ copied to the device one batch at a time on a stream, while the model's
 kernels run on the default stream; a training step only launches kernels
 (:class:`final_project.model.NumbaCNN`). The loss of every step is copied,
 device to device, into an array read once per epoch, so the host never waits
-on the GPU inside an epoch (except for ``--check`` and the progress bar's
-loss, read every 50 steps).
+on the GPU inside an epoch (except for ``--check`` and the loss shown as it
+goes: every 50 steps on the progress bar, or a line every ``log_every`` steps
+when stderr is not a terminal).
 
 Printed per epoch: mean train loss, test accuracy, and ms per step measured
 with CUDA events between the second step and the last (the first step compiles
-every kernel). Written to ``--out``: ``checkpoint.npz`` (the state dict by
-torch names plus a JSON ``__meta__`` entry: config, dataset, normalisation)
-and ``metrics.json``.
+every kernel). Test accuracy comes from our kernels on a GPU; in the simulator,
+where they would take minutes for a few hundred images, from the NumPy float64
+forward pass of :mod:`final_project.reference` with the trained weights.
+Written to a fresh folder ``runs/final_project/run-NNN/`` (or ``--out DIR``,
+which must not hold a checkpoint already unless ``--overwrite``):
+``checkpoint.npz`` (the state dict by torch names plus a JSON ``__meta__``
+entry: config, dataset, normalisation) and ``metrics.json``.
 
-In the simulator the default run is tiny (``--tiny``): real digits shrunk to
-12x12, 32 training and 16 test images, batch 8, 2 epochs, channels 4/8,
-hidden 16, under a minute (a smoke run: too small to learn much); ``--no-tiny`` asks for the full network (hours
-there).
+In the simulator the default run is tiny (``--tiny``, :data:`TINY`): real digits
+shrunk to 8x8, channels 2/4, hidden 16, one epoch of 16 steps of 8 images,
+the loss printed every step, test accuracy on 300 images. ``--no-tiny`` asks for the full network (hours there).
 """
 
 from __future__ import annotations
@@ -51,26 +55,39 @@ DEFAULT_OUT = Path("runs") / "final_project"
 DEFAULT_LR = 0.05
 DEFAULT_EPOCHS = 3
 DEFAULT_BATCH = 64
+DEFAULT_CHECK_EVERY = 200
+LOG_EVERY = 100  # steps between loss lines when stderr is not a terminal (no progress bar)
 
 
 @dataclasses.dataclass(frozen=True)
 class TinyRun:
-    """What the simulator runs by default: real digits, everything small."""
+    """What the simulator runs by default: real digits, everything small.
 
-    image_size: int = 12
-    n_train: int = 32
-    n_test: int = 16
+    The simulator runs one Python thread per CUDA thread (about 0.1 ms each on
+    an idle laptop core), and a step of this network launches about 12,000 of
+    them, nearly all in the first layer (batch x channels x pixels per
+    element-wise kernel): 16 steps took 60 s of CPU time on a 2-core machine
+    (110 s with the race detector of common.racecheck on). That is too few
+    for this network to learn much: plain SGD at lr 0.3 takes the loss from
+    about 2.4 to 2.2, and test accuracy on 300 images ends near 20% (chance:
+    10%; the full network on a GPU: about 98%).
+    """
+
+    image_size: int = 8
+    n_train: int = 128
+    n_test: int = 300
     batch_size: int = 8
-    epochs: int = 2
-    c1: int = 4
-    c2: int = 8
+    epochs: int = 1
+    lr: float = 0.3
+    c1: int = 2
+    c2: int = 4
     hidden: int = 16
     check_every: int = 4
+    log_every: int = 1
 
     def describe(self) -> str:
-        return (f"tiny run: real digits shrunk to {self.image_size}x{self.image_size}, "
-                f"{self.n_train} train / {self.n_test} test images, channels {self.c1}/"
-                f"{self.c2}, hidden {self.hidden}: a smoke run, accuracy stays near chance")
+        return (f"tiny run: digits shrunk to {self.image_size}x{self.image_size}, "
+                f"{self.n_train} training images, test on {self.n_test}")
 
 
 TINY = TinyRun()
@@ -85,8 +102,36 @@ class CheckFailed(RuntimeError):
 # --------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an int >= 1, else the error argparse prints (exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite float > 0 (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    """Options train and compare share: data, sizes, optimiser, output."""
+    """Options train and compare share: data, sizes, optimiser.
+
+    Every size is validated as it is parsed (:func:`positive_int`): a bad value
+    is an argparse error (exit status 2) before anything runs. A size left out
+    is None here; :func:`resolve_args` fills it (GPU default or tiny run).
+    """
+    net, tiny = NetConfig(), TINY
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=sorted(fdata.DATASETS), default=None,
                    help="mnist (default) or fashion-mnist")
@@ -99,20 +144,27 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="never touch the network (MNIST then falls back to the sample)")
     g.add_argument("--sample", action="store_true",
                    help="train on the shipped sample of 2,000 real MNIST digits")
-    g.add_argument("--train-from-test", type=int, metavar="N",
+    g.add_argument("--train-from-test", type=positive_int, metavar="N",
                    help="train on the first N images of the test split, test on the rest "
                         "(for example 8000: no training images needed)")
-    t = p.add_argument_group("training")
-    t.add_argument("--epochs", type=int, help=f"passes over the training set "
-                                              f"(default {DEFAULT_EPOCHS})")
-    t.add_argument("--batch-size", type=int, help=f"images per step (default {DEFAULT_BATCH})")
-    t.add_argument("--lr", type=float, default=DEFAULT_LR,
-                   help=f"plain SGD learning rate (default {DEFAULT_LR})")
-    t.add_argument("--seed", type=int, default=0, help="initial weights and shuffling")
-    t.add_argument("--max-steps", type=int, help="stop after this many steps in all")
-    t.add_argument("--c1", type=int, help="conv1 channels (default 32)")
-    t.add_argument("--c2", type=int, help="conv2 channels (default 64)")
-    t.add_argument("--hidden", type=int, help="fc1 width (default 128)")
+    t = p.add_argument_group("training (defaults: full run on a GPU / tiny run in the "
+                             "simulator)")
+    t.add_argument("--epochs", type=positive_int, metavar="N",
+                   help=f"passes over the training set (default {DEFAULT_EPOCHS} / "
+                        f"{tiny.epochs})")
+    t.add_argument("--batch-size", type=positive_int, metavar="N",
+                   help=f"images per step (default {DEFAULT_BATCH} / {tiny.batch_size})")
+    t.add_argument("--lr", type=positive_float, metavar="LR",
+                   help=f"plain SGD learning rate (default {DEFAULT_LR} / {tiny.lr})")
+    t.add_argument("--seed", type=int, default=0, help="initial weights and shuffling (default 0)")
+    t.add_argument("--max-steps", type=positive_int, metavar="N",
+                   help="stop after this many steps in all")
+    t.add_argument("--c1", type=positive_int, metavar="N",
+                   help=f"conv1 channels (default {net.c1} / {tiny.c1})")
+    t.add_argument("--c2", type=positive_int, metavar="N",
+                   help=f"conv2 channels (default {net.c2} / {tiny.c2})")
+    t.add_argument("--hidden", type=positive_int, metavar="N",
+                   help=f"fc1 width (default {net.hidden} / {tiny.hidden})")
     t.add_argument("--kernels", choices=("fast", "naive"), default=None,
                    help="fast: fused and tiled kernels (fast_model.FastCNN; default on a GPU); "
                         "naive: one thread per output (model.NumbaCNN), the readable baseline "
@@ -121,44 +173,43 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                    help="replay each training step as one CUDA graph (fast kernels; default "
                         "on a GPU; the simulator has no graphs)")
     t.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
-                   help="shrink everything for the simulator (default: on in the simulator)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help=f"where results go (default {DEFAULT_OUT}/)")
+                   help=f"the simulator's small run: {tiny.image_size}x{tiny.image_size} "
+                        f"digits, {tiny.n_train} training and {tiny.n_test} test images "
+                        "(default: on in the simulator, off on a GPU)")
 
 
-def resolve_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Fill the defaults that depend on the runtime (tiny in the simulator).
+def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Fill the defaults that depend on the runtime (the tiny run in the simulator).
 
-    Raises:
-        SystemExit: a size or rate that cannot work (with what to give instead).
+    Sizes and rates are already checked by their ``type=``; this checks the
+    combinations, through ``parser.error`` (exit status 2, before anything runs).
     """
     if args.tiny is None:
         args.tiny = common.is_simulator()
     if args.dataset is None:
         args.dataset = "mnist"
     tiny = TINY if args.tiny else None
-    args.epochs = args.epochs or (tiny.epochs if tiny else DEFAULT_EPOCHS)
-    args.batch_size = args.batch_size or (tiny.batch_size if tiny else DEFAULT_BATCH)
-    defaults = NetConfig()
-    args.c1 = args.c1 or (tiny.c1 if tiny else defaults.c1)
-    args.c2 = args.c2 or (tiny.c2 if tiny else defaults.c2)
-    args.hidden = args.hidden or (tiny.hidden if tiny else defaults.hidden)
+    net = NetConfig()
+
+    def default(name: str, full: Any) -> None:
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(tiny, name) if tiny else full)
+
+    default("epochs", DEFAULT_EPOCHS)
+    default("batch_size", DEFAULT_BATCH)
+    default("lr", DEFAULT_LR)
+    default("c1", net.c1)
+    default("c2", net.c2)
+    default("hidden", net.hidden)
     args.image_size = tiny.image_size if tiny else 28
-    for name in ("epochs", "batch_size", "c1", "c2", "hidden"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    if args.max_steps is not None and args.max_steps < 1:
-        raise SystemExit("--max-steps must be >= 1")
-    if not (args.lr > 0 and math.isfinite(args.lr)):
-        raise SystemExit(f"--lr must be a positive number, got {args.lr}")
     if args.sample and args.data_dir:
-        raise SystemExit("give either --sample or --data-dir, not both")
+        parser.error("give either --sample or --data-dir, not both")
     if args.kernels is None:
         args.kernels = "naive" if common.is_simulator() else "fast"
     if args.graph and args.kernels == "naive":
-        raise SystemExit("--graph needs --kernels fast (the naive model launches from Python)")
+        parser.error("--graph needs --kernels fast (the naive model launches from Python)")
     if args.graph and common.is_simulator():
-        raise SystemExit("--graph needs a GPU: the simulator has no CUDA graphs")
+        parser.error("--graph needs a GPU: the simulator has no CUDA graphs")
     if args.graph is None:
         args.graph = args.kernels == "fast" and not common.is_simulator()
     return args
@@ -214,13 +265,39 @@ def net_config(args: argparse.Namespace) -> NetConfig:
     return NetConfig(height=s, width=s, c1=args.c1, c2=args.c2, hidden=args.hidden)
 
 
+def describe_config(config: NetConfig) -> str:
+    """The sizes a learner chose, in words: "channels 2/4, hidden 16, 8x8 input"."""
+    return (f"channels {config.c1}/{config.c2}, hidden {config.hidden}, "
+            f"{config.height}x{config.width} input")
+
+
+def describe_evaluation() -> str:
+    """What computes the test accuracy here (see :func:`evaluate`)."""
+    return ("our kernels" if not common.is_simulator()
+            else "the NumPy float64 forward pass of the trained weights")
+
+
 # --------------------------------------------------------------------------
 # Evaluation, checks, checkpoints
 # --------------------------------------------------------------------------
 
 
-def evaluate(model: NumbaCNN, batches: fdata.EpochBatches) -> float:
-    """Test accuracy in percent (batchnorm in evaluation mode), over every batch."""
+def evaluate(model: NumbaCNN | FastCNN, batches: fdata.EpochBatches) -> float:
+    """Test accuracy in percent (batchnorm in evaluation mode) over every image of ``batches``.
+
+    On a GPU the model's own kernels run the forward pass. In the simulator
+    they would take minutes for a few hundred images (one Python thread per
+    output element), so there the same network runs in NumPy float64
+    (:func:`final_project.reference.reference_forward`) with the model's
+    trained weights and running statistics; tests/test_final_project_layers.py
+    checks every kernel against that reference.
+    """
+    if common.is_simulator():
+        from final_project.reference import reference_forward
+
+        cuda.synchronize()
+        logits, _, _ = reference_forward(model.state_dict(), batches.images, model.config)
+        return 100.0 * float(np.mean(logits.argmax(axis=1) == batches.labels))
     correct = 0
     for i in range(len(batches)):
         x_dev, y_dev = batches.to_device(i)
@@ -331,13 +408,18 @@ def train(
     check_every: int | None = None,
     log=print,
     progress: bool = True,
+    log_every: int | None = None,
 ) -> list[dict[str, Any]]:
     """Train for ``epochs`` (or ``max_steps``); one dict per epoch of what was measured.
 
     Each dict: epoch, steps, train_loss (mean over the epoch's steps),
-    test_accuracy (%), ms_per_step (CUDA events, first step of the run
-    excluded; None in the simulator), seconds (host wall time), losses (every
-    step's loss).
+    test_accuracy (%, :func:`evaluate`), ms_per_step (CUDA events, first step
+    of the run excluded; None in the simulator), seconds (host wall time),
+    losses (every step's loss).
+
+    progress: a tqdm bar on stderr (for a terminal). log_every: also ``log`` a
+    line with the loss every that many steps (read from the device then), so a
+    run whose output goes to a file or a pipe shows the loss as it goes.
 
     Raises:
         CheckFailed: with ``check_every``, a non-finite loss or a step that
@@ -353,6 +435,8 @@ def train(
     losses = cuda.device_array(len(train_batches), np.float32)
     history = []
     step = 0
+    total = epochs * len(train_batches) if max_steps is None else min(
+        max_steps, epochs * len(train_batches))
     for epoch in range(1, epochs + 1):
         train_batches.prepare(rng)
         n_steps = len(train_batches)
@@ -385,6 +469,8 @@ def train(
             step += 1
             if progress and (i % 50 == 49 or i == n_steps - 1):
                 bar.set_postfix(loss=f"{float(losses[i : i + 1].copy_to_host()[0]):.4f}")
+            if log_every and (step % log_every == 0 or step == total):
+                log(f"step {step}/{total}: loss {float(losses[i : i + 1].copy_to_host()[0]):.4f}")
         end.record()
         end.synchronize()
         bar.close()
@@ -400,9 +486,10 @@ def train(
                "test_accuracy": acc, "ms_per_step": ms,
                "seconds": time.perf_counter() - t0, "losses": epoch_losses.tolist()}
         history.append(row)
-        log(f"epoch {epoch}: train loss {row['train_loss']:.4f}, test accuracy {acc:.2f}%, "
-            + (f"{ms:.3f} ms/step" if ms is not None else "ms/step not measured (simulator)")
-            + f" ({n_steps} steps, {row['seconds']:.1f} s)")
+        log(f"epoch {epoch}: train loss {row['train_loss']:.4f} (mean of {n_steps} steps), "
+            f"test accuracy {acc:.2f}% on {test_batches.count} images, "
+            + (f"{ms:.3f} ms/step, " if ms is not None else "")
+            + f"{row['seconds']:.1f} s")
     return history
 
 
@@ -427,20 +514,48 @@ def run_evaluate(args: argparse.Namespace) -> int:
     ds = load_data(args)
     x, y = images_for(ds, "test", config.height)
     acc = evaluate(model, fdata.EpochBatches(x, y, model.max_batch, drop_last=False))
-    print(f"{args.evaluate}: test accuracy {acc:.2f}% on {len(y)} images ({ds.source})")
+    print(f"{args.evaluate}: test accuracy {acc:.2f}% on {len(y)} images ({ds.source}; "
+          f"computed by {describe_evaluation()})")
     return 0
 
 
+def fresh_run_dir(parent: Path) -> Path:
+    """Create and return ``parent/run-NNN``, NNN one more than the highest there (from 001).
+
+    Each run gets its own folder, so a run never replaces an earlier checkpoint.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    taken = [int(p.name[4:]) for p in parent.glob("run-*") if p.name[4:].isdigit()]
+    n = max(taken, default=0) + 1
+    while True:
+        path = parent / f"run-{n:03d}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:  # another run took it meanwhile
+            n += 1
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m final_project.train",
-                                description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m final_project.train",
+        description="Train the capstone CNN (MNIST) with the course's own CUDA kernels. On a "
+                    "GPU: the full network; in the simulator (no GPU): a tiny run of 16 steps.",
+    )
     add_common_args(p)
-    p.add_argument("--check", action="store_true",
+    o = p.add_argument_group("output and checks")
+    o.add_argument("--out", type=Path, metavar="DIR",
+                   help=f"folder for checkpoint.npz and metrics.json (default: a new "
+                        f"{DEFAULT_OUT}/run-NNN/ each run)")
+    o.add_argument("--overwrite", action="store_true",
+                   help="let --out replace the checkpoint of an earlier run")
+    o.add_argument("--check", action="store_true",
                    help="every --check-every steps, compare the step with the PyTorch twin "
                         "(float64, CPU) and stop on a mismatch or a non-finite loss")
-    p.add_argument("--check-every", type=int, default=None, metavar="K",
-                   help="steps between checks with --check (default 200; tiny run: 4)")
-    p.add_argument("--evaluate", metavar="CHECKPOINT",
+    o.add_argument("--check-every", type=positive_int, default=None, metavar="K",
+                   help=f"steps between checks with --check (default {DEFAULT_CHECK_EVERY} / "
+                        f"{TINY.check_every})")
+    o.add_argument("--evaluate", metavar="CHECKPOINT",
                    help="load a checkpoint .npz and print its test accuracy; no training")
     args = p.parse_args(argv)
 
@@ -451,17 +566,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
 
-    resolve_args(args)
-    print(f"runtime: {common.runtime_name()} ({device_name()})")
-    if args.tiny:
-        print(f"{common.runtime_name()}: {TINY.describe()}, batch {args.batch_size}, "
-              f"{args.epochs} epochs; --no-tiny runs the full network")
+    resolve_args(args, p)
+    if args.out is not None and (args.out / "checkpoint.npz").exists() and not args.overwrite:
+        p.error(f"{args.out / 'checkpoint.npz'} is there from an earlier run; give another "
+                f"--out, add --overwrite to replace it, or leave --out out (each run then "
+                f"gets a new {DEFAULT_OUT}/run-NNN/)")
+    if common.is_simulator():
+        print(f"simulator: {TINY.describe()}; --no-tiny runs the full network (hours here)"
+              if args.tiny else "simulator: the full network (--no-tiny): expect hours")
+    else:
+        print(f"GPU: {device_name()}")
     try:
         ds = load_data(args)
     except (fdata.DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"data: {ds.source}: {len(ds.train_labels)} train / {len(ds.test_labels)} test")
+    print(f"data: {ds.source}; this run: {len(ds.train_labels)} train / "
+          f"{len(ds.test_labels)} test images")
     x_train, y_train = images_for(ds, "train", args.image_size)
     x_test, y_test = images_for(ds, "test", args.image_size)
     try:
@@ -475,34 +596,34 @@ def main(argv: list[str] | None = None) -> int:
     model = make_model(args, config, init_params(config, args.seed))
     check_every = None
     if args.check:
-        check_every = args.check_every or (TINY.check_every if args.tiny else 200)
-    print(f"model: {config}; {describe_kernels(args)}; SGD lr {args.lr}, batch {args.batch_size}, "
-          f"{len(train_batches)} steps/epoch" + (f", checked every {check_every} steps"
-                                                 if check_every else ""))
+        check_every = args.check_every or (TINY.check_every if args.tiny else DEFAULT_CHECK_EVERY)
+    print(f"model: {describe_config(config)}; {describe_kernels(args)}; SGD lr {args.lr}, "
+          f"batch {args.batch_size}, {args.epochs} epoch{'s' if args.epochs > 1 else ''} of "
+          f"{len(train_batches)} steps"
+          + (f", checked every {check_every} steps" if check_every else ""))
+    progress = sys.stderr.isatty() and not args.tiny
+    log_every = TINY.log_every if args.tiny else (None if progress else LOG_EVERY)
     try:
         history = train(model, train_batches, test_batches, args.epochs, args.lr, args.seed,
                         max_steps=args.max_steps, check_every=check_every,
-                        progress=sys.stderr.isatty())
+                        progress=progress, log_every=log_every)
     except CheckFailed as e:
         print(f"error: --check failed: {e}", file=sys.stderr)
-        return 2
+        return 1
 
     meta = {"dataset": ds.name, "is_sample": ds.is_sample, "mean": ds.mean, "std": ds.std,
             "kernels": describe_kernels(args),
             "train_from_test": args.train_from_test, "tiny": args.tiny,
             "lr": args.lr, "batch_size": args.batch_size, "seed": args.seed,
             "epochs": len(history), "source": ds.source}
-    out = Path(args.out)
+    out = args.out if args.out is not None else fresh_run_dir(DEFAULT_OUT)
     save_checkpoint(out / "checkpoint.npz", model, meta)
     metrics = {**meta, "runtime": common.runtime_name(), "device": device_name(),
                "config": dataclasses.asdict(config), "history": history}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    final = history[-1] if history else {}
-    print(f"final test accuracy {final.get('test_accuracy', float('nan')):.2f}%; wrote "
-          f"{out / 'checkpoint.npz'} and {out / 'metrics.json'}")
-    if ds.is_sample:
-        print("note: trained on the shipped sample; the full set: "
-              + fdata.FETCH_COMMAND.format(dataset="mnist"))
+    print(f"test accuracy {history[-1]['test_accuracy']:.2f}% ({describe_evaluation()}); "
+          f"wrote {out / 'checkpoint.npz'} and metrics.json; evaluate it again with "
+          f"python -m final_project.train --evaluate {out / 'checkpoint.npz'}")
     return 0
 
 

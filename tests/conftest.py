@@ -1,9 +1,13 @@
-"""Shared pytest setup: the runtime is chosen before numba loads, and in the
-simulator every test runs with simulated threads interleaving finely, so races
-(a missing cuda.syncthreads, a `+=` that needed cuda.atomic.add) show up."""
+"""Shared pytest setup: the runtime is chosen before numba loads; in the simulator
+every launch runs under the race detector (common/racecheck.py), so a missing
+cuda.syncthreads or a `+=` that needed cuda.atomic.add fails every time."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+from common import racecheck
+from common.checking import likely_cause
 from common.runtime import interleaved_threads, is_simulator
+
+import os
 
 import numpy as np
 import pytest
@@ -11,14 +15,47 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def _interleave_simulated_threads():
+    # With the race detector on, races are found from the accesses themselves, in
+    # any interleaving; fine thread switching would only slow the simulator down.
+    # Without it (COURSE_RACECHECK=0), switching every microsecond makes races
+    # likely to show as wrong answers, which is the best the simulator can do.
+    if racecheck.ENABLED:
+        yield
+        return
     with interleaved_threads():
         yield
 
 
+SEED_VARIABLE = "COURSE_SEED"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--seed", type=int, default=None,
+        help=f"seed of the rng fixture, to replay the random inputs of a failed test "
+             f"(its report prints the seed); the {SEED_VARIABLE} environment variable does the same",
+    )
+
+
+def _chosen_seed(config):
+    seed = config.getoption("--seed", default=None)
+    if seed is None and os.environ.get(SEED_VARIABLE, "").strip():
+        try:
+            seed = int(os.environ[SEED_VARIABLE])
+        except ValueError:
+            raise pytest.UsageError(f"{SEED_VARIABLE} must be an integer, got {os.environ[SEED_VARIABLE]!r}") from None
+    return seed
+
+
 @pytest.fixture
 def rng(request):
-    """A fresh generator per test; the seed is printed on failure to reproduce it."""
-    seed = int(np.random.SeedSequence().entropy % (2**32))
+    """A generator per test: fresh draws each run, or the ones of ``--seed N``.
+
+    The seed goes into the failure report with the command that replays it.
+    """
+    seed = _chosen_seed(request.config)
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2**32))
     request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
 
@@ -33,8 +70,36 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_runtest_makereport(item, call):
-    # Put the random seed into the failure report, so a failing draw can be replayed.
-    if call.when == "call" and call.excinfo is not None:
+    if call.excinfo is not None and isinstance(call.excinfo.value, Exception):
+        cause = likely_cause(call.excinfo.value)
+        if cause and cause not in getattr(call.excinfo.value, "__notes__", []):
+            call.excinfo.value.add_note(cause)  # shown under the error's own line
+    # Put the random seed into the failure report, with the command that replays the draw.
+    if call.when in ("call", "teardown") and call.excinfo is not None \
+            and not call.excinfo.errisinstance(pytest.skip.Exception):
         for key, value in item.user_properties:
             if key == "seed":
-                item.add_report_section("call", "seed", f"rng seed: {value}")
+                item.add_report_section(
+                    call.when, "seed",
+                    f'rng seed: {value}; replay: python -m pytest "{item.nodeid}" --seed {value}')
+
+
+def _hide_simulator_frames():
+    """A kernel that fails in the simulator shows its own line, not the simulator's.
+
+    pytest leaves out of a traceback every frame whose module defines
+    ``__tracebackhide__``; these modules are the simulator's thread machinery
+    and array wrappers (``pytest --fulltrace`` still shows everything).
+    """
+    if not is_simulator():
+        return
+    import threading
+
+    from numba.cuda.simulator import kernel, kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray
+
+    for module in (kernel, kernelapi, devicearray, threading):
+        module.__tracebackhide__ = True
+
+
+_hide_simulator_frames()

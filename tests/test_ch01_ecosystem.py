@@ -55,7 +55,7 @@ def test_broken_roofline_fails(rng):
         check_roofline(sol.arithmetic_intensity, sol.roofline_ms, inverted, rng)
 
 
-@pytest.mark.parametrize("script", ["stack_report", "loop_to_kernel"])
+@pytest.mark.parametrize("script", ["stack_report"])  # loop_to_kernel: test_scripts_simulator_output
 def test_script_main(script, tmp_path):
     assert load_chapter_module(CHAPTER, script).main(["--out", str(tmp_path)]) == 0
 

@@ -15,9 +15,12 @@ the bug on a GPU, the test runs in the simulator only and says why.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import racecheck
 from common.checking import CheckError, check, guarded, hostile_sizes, random_array
 from common.exercises import implementations, load_chapter_module
-from common.runtime import ceil_div, is_simulator
+from common.float32_purity import float32_pure_launches
+from common.racecheck import RaceError
+from common.runtime import ceil_div, is_simulator, pick
 
 import math
 
@@ -28,14 +31,17 @@ from numba import cuda, float32, int32
 sol = load_chapter_module("06_memory", "solutions")
 BLOCK, TILE, ROWS, NBINS, RADIUS = sol.BLOCK, sol.TILE, sol.ROWS, sol.NBINS, sol.RADIUS
 TILE_PADDED, HALO_BLOCK = sol.TILE_PADDED, sol.HALO_BLOCK  # shared shapes: module-level ints
-ZERO, ONE_I32, NEG_INF = sol.ZERO, sol.ONE_I32, sol.NEG_INF
+ZERO, ONE, ONE_I32, NEG_INF = sol.ZERO, sol.ONE, sol.ONE_I32, sol.NEG_INF
 FAILS = (CheckError, IndexError, AssertionError)
 IMPLS = implementations("06_memory")
 # GPU only: sizes and repeats that give warps time to drift apart (see the docstring);
 # 2**22 elements = 65536 blocks of BLOCK threads, a fraction of a second a trial
 RACE_SIZES = [] if is_simulator() else [1 << 22]
 RACE_TRIALS = 8
-SIM_TRIALS = 3  # simulator: a race is missed at all hostile sizes about 1 time in 40
+# Simulator: the race detector reports a race on the launch that has it, every time,
+# so one trial is enough there; what a racy kernel must fail with:
+SIM_TRIALS = 1
+RACES = RaceError if is_simulator() and racecheck.ENABLED else FAILS
 
 
 def fails_in_some_trial(check_fn, fn, rng):
@@ -56,57 +62,83 @@ def with_junk_after(host: np.ndarray, junk: float = 1e6):
 
 
 # ---------------------------------------------------------------- checks
+def sizes_1d(rng):
+    """hostile_sizes plus exact multiples of BLOCK: a grid of n // BLOCK + 1 blocks
+    (one too many) is wrong only there."""
+    return hostile_sizes(BLOCK, rng) + [BLOCK, 2 * BLOCK]
+
+
 def check_shift_left(fn, rng, sizes=None):
-    for n in sizes or [2] + [max(n, 2) for n in hostile_sizes(BLOCK, rng)]:
-        x = random_array(n, np.float32, rng)
-        out = guarded(n - 1)
-        fn(cuda.to_device(x), out.array)
-        check(out.array, x[1:].astype(np.float64), tol=0.0, name=f"shift_left n={n}")
-        out.check_untouched()
-
-
-def check_block_sums(fn, rng, sizes=None):
-    for n in sizes or hostile_sizes(BLOCK, rng):
-        x = random_array(n, np.float32, rng)
-        nb = ceil_div(n, BLOCK)
-        ref = np.array([x[b * BLOCK:(b + 1) * BLOCK].astype(np.float64).sum() for b in range(nb)])
-        out = guarded(nb)
-        fn(with_junk_after(x), out.array)
-        check(out.array, ref, tol=1e-5, name=f"block_sums n={n}")
-        out.check_untouched()
-
-
-def check_dot(fn, rng):
-    for n in hostile_sizes(BLOCK, rng):
-        for blocks in (1, 3):
-            a = random_array(n, np.float32, rng, 0.5, 1.5)
-            b = random_array(n, np.float32, rng, 0.5, 1.5)
-            out = guarded(1)
-            fn(with_junk_after(a), with_junk_after(b), out.array, blocks=blocks)
-            ref = np.array([(a.astype(np.float64) * b).sum()])
-            check(out.array, ref, tol=1e-5, name=f"dot n={n} blocks={blocks}")
+    with float32_pure_launches():
+        for n in sizes or [2] + [max(n, 2) for n in sizes_1d(rng)]:
+            x = random_array(n, np.float32, rng)
+            out = guarded(n - 1)
+            fn(cuda.to_device(x), out.array)
+            check(out.array, x[1:].astype(np.float64), tol=0.0, name=f"shift_left n={n}")
             out.check_untouched()
 
 
+def check_block_sums(fn, rng, sizes=None):
+    with float32_pure_launches():
+        for n in sizes or sizes_1d(rng):
+            x = random_array(n, np.float32, rng)
+            nb = ceil_div(n, BLOCK)
+            ref = np.array([x[b * BLOCK:(b + 1) * BLOCK].astype(np.float64).sum()
+                            for b in range(nb)])
+            out = guarded(nb)
+            fn(with_junk_after(x), out.array)
+            check(out.array, ref, tol=1e-5, name=f"block_sums n={n}")
+            out.check_untouched()
+
+
+def check_dot(fn, rng):
+    with float32_pure_launches():
+        for n in sizes_1d(rng):
+            for blocks in (1, 3):
+                a = random_array(n, np.float32, rng, 0.5, 1.5)
+                b = random_array(n, np.float32, rng, 0.5, 1.5)
+                out = guarded(1)
+                fn(with_junk_after(a), with_junk_after(b), out.array, blocks=blocks)
+                ref = np.array([(a.astype(np.float64) * b).sum()])
+                check(out.array, ref, tol=1e-5, name=f"dot n={n} blocks={blocks}")
+                out.check_untouched()
+
+
+def _argmax_cases(rng):
+    """(name, x): random small integers (many ties), and the edge cases by construction."""
+    for n in sizes_1d(rng):
+        yield f"n={n}", rng.integers(-5, 6, n).astype(np.float32)
+    yield "all equal", np.full(BLOCK + 3, 2.5, np.float32)  # index 0 must win
+    # The maximum in three blocks, at a smaller offset inside each later block: the
+    # first GLOBAL index wins, not the first block-local one, nor the last block.
+    x = rng.integers(-5, 5, 3 * BLOCK + 7).astype(np.float32)
+    x[[BLOCK + 5, 2 * BLOCK + 1, 3 * BLOCK + 2]] = 10
+    yield "tied maxima across blocks", x
+    # All negative, with a partial last block: padding threads must hold -inf, not 0.
+    yield "all negative", -random_array(BLOCK + 9, np.float32, rng, 1.0, 2.0)
+
+
 def check_argmax(fn, rng):
-    for n in hostile_sizes(BLOCK, rng):
-        x = rng.integers(-5, 6, n).astype(np.float32)  # many ties: the first index must win
-        value, index = fn(with_junk_after(x, junk=1e9))
-        assert (value, index) == (float(x.max()), int(np.argmax(x))), (
-            f"argmax n={n}: got ({value}, {index}), expected ({x.max()}, {np.argmax(x)})")
+    with float32_pure_launches():
+        for name, x in _argmax_cases(rng):
+            value, index = fn(with_junk_after(x, junk=1e9))
+            assert (value, index) == (float(x.max()), int(np.argmax(x))), (
+                f"argmax {name}: got ({value}, {index}), expected ({x.max()}, {np.argmax(x)})"
+                " (ties: the first index wins, as np.argmax)")
 
 
 def check_transpose(fn, rng):
-    shapes = [(1, 1), (TILE - 1, TILE + 1), (2 * TILE + 3, TILE + 5),
+    shapes = [(1, 1), (TILE - 1, TILE + 1), (2 * TILE + 3, TILE + 5), (TILE, 2 * TILE),
               (int(rng.integers(1, 3 * TILE)), int(rng.integers(1, 3 * TILE)))]
     if not is_simulator():  # many blocks in flight: a missing barrier shows on a GPU too
         shapes.append((2048 + 3, 3072 + 5))
-    for rows, cols in shapes:
-        a = random_array((rows, cols), np.float32, rng)
-        out = guarded((cols, rows))
-        fn(cuda.to_device(a), out.array)
-        check(out.array, a.T.astype(np.float64), tol=0.0, name=f"transpose {rows}x{cols}")
-        out.check_untouched()
+    with float32_pure_launches():
+        for rows, cols in shapes:
+            a = random_array((rows, cols), np.float32, rng)
+            out = guarded((cols, rows))
+            fn(cuda.to_device(a), out.array)
+            check(out.array, a.T.astype(np.float64), tol=0.0, name=f"transpose {rows}x{cols}")
+            out.check_untouched()
 
 
 def check_histogram(fn, rng, sizes=None):
@@ -131,28 +163,42 @@ def check_scan(fn, rng, sizes=None):
 
 
 def check_stencil(fn, rng):
-    for n in hostile_sizes(BLOCK, rng):
-        x = random_array(n, np.float32, rng)
-        w = random_array(2 * RADIUS + 1, np.float32, rng)
-        xp = np.pad(x.astype(np.float64), RADIUS)
-        ref = sum(w[k] * xp[k:k + n] for k in range(2 * RADIUS + 1))
-        out = guarded(n)
-        fn(with_junk_after(x), cuda.to_device(w), out.array)
-        check(out.array, ref, tol=1e-5, name=f"stencil n={n}")
-        out.check_untouched()
+    with float32_pure_launches():
+        for n in sizes_1d(rng):
+            x = random_array(n, np.float32, rng)
+            w = random_array(2 * RADIUS + 1, np.float32, rng)
+            xp = np.pad(x.astype(np.float64), RADIUS)
+            ref = sum(w[k] * xp[k:k + n] for k in range(2 * RADIUS + 1))
+            out = guarded(n)
+            fn(with_junk_after(x), cuda.to_device(w), out.array)
+            check(out.array, ref, tol=1e-5, name=f"stencil n={n}")
+            out.check_untouched()
 
 
-def check_softmax(fn, rng):
+def _softmax_inputs(rng):
     shapes = [(1, 1), (2, BLOCK - 1), (2, 3 * BLOCK + 7), (int(rng.integers(1, 4)),
                                                           int(rng.integers(2, 2 * BLOCK)))]
     for rows, cols in shapes:
-        x = random_array((rows, cols), np.float32, rng, -6.0, 6.0)
-        z = x.astype(np.float64)
-        e = np.exp(z - z.max(axis=1, keepdims=True))
-        out = guarded((rows, cols))
-        fn(cuda.to_device(x), out.array)
-        check(out.array, e / e.sum(axis=1, keepdims=True), tol=1e-5, name=f"softmax {rows}x{cols}")
-        out.check_untouched()
+        yield f"{rows}x{cols}", random_array((rows, cols), np.float32, rng, -6.0, 6.0)
+    # Without subtracting the row's max, exp overflows: float32 exp past 88 on a GPU
+    # (the simulator's exp is float64, but its float32 sum overflows the same way),
+    # float64 exp past 709 too. Rows of very negative values underflow every exp to
+    # 0 unless the max is subtracted, and a max started at 0 instead of -inf keeps
+    # them there.
+    yield "values near 95", random_array((2, BLOCK + 5), np.float32, rng, 90.0, 100.0)
+    yield "values near 730", random_array((1, 2 * BLOCK), np.float32, rng, 710.0, 750.0)
+    yield "values near -275", random_array((2, BLOCK + 5), np.float32, rng, -300.0, -250.0)
+
+
+def check_softmax(fn, rng):
+    with float32_pure_launches():
+        for name, x in _softmax_inputs(rng):
+            z = x.astype(np.float64)
+            e = np.exp(z - z.max(axis=1, keepdims=True))
+            out = guarded(x.shape)
+            fn(cuda.to_device(x), out.array)
+            check(out.array, e / e.sum(axis=1, keepdims=True), tol=1e-5, name=f"softmax {name}")
+            out.check_untouched()
 
 
 # ---------------------------------------------------------------- exercise tests
@@ -232,7 +278,7 @@ def test_broken_shift_left_without_barrier_fails(rng):
     def shift_left(x, out):
         shift_left_no_barrier[ceil_div(x.size, BLOCK), BLOCK](x, out)
 
-    with pytest.raises(FAILS):
+    with pytest.raises(RACES):
         fails_in_some_trial(check_shift_left, shift_left, rng)
 
 
@@ -267,6 +313,14 @@ def block_sums_no_barrier(x, out):
         out[cuda.blockIdx.x] = s[0]
 
 
+def test_broken_block_sums_one_block_too_many_fails(rng):
+    def block_sums(x, out):  # n // BLOCK + 1 is ceil(n / BLOCK) except for exact multiples
+        sol.block_sums_kernel[x.size // BLOCK + 1, BLOCK](x, out)
+
+    with pytest.raises(FAILS):
+        check_block_sums(block_sums, rng)
+
+
 @pytest.mark.parametrize("kernel", [block_sums_no_bounds, block_sums_no_barrier],
                          ids=["no-bounds-check", "no-barrier"])
 def test_broken_block_sums_fail(kernel, rng):
@@ -298,13 +352,14 @@ def dot_plain_add(a, b, out):
         out[0] += s[0]  # not atomic: blocks racing on out[0] lose each other's sums
 
 
-@pytest.mark.gpu  # the simulator runs blocks one after another, so blocks never race there
 def test_broken_dot_without_atomic_fails(rng):
+    # Blocks racing on out[0]: the simulator runs blocks one after another and never
+    # loses a sum, but its race detector reports the unordered updates.
     def dot(a, b, out, blocks):
         out.copy_to_device(np.zeros(1, np.float32))
-        dot_plain_add[blocks * 64, BLOCK](a, b, out)
+        dot_plain_add[pick(gpu=blocks * 64, simulator=2), BLOCK](a, b, out)
 
-    with pytest.raises(FAILS):
+    with pytest.raises(RACES):
         for _ in range(5):
             check_dot(dot, rng)
 
@@ -338,9 +393,75 @@ def argmax_no_barrier(x, block_val, block_idx):
            "that block would have to be the one hit, which a GPU run rarely makes happen")
 def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
     monkeypatch.setattr(sol, "argmax_kernel", argmax_no_barrier)
-    with pytest.raises(FAILS):
+    with pytest.raises(RACES):
         for _ in range(SIM_TRIALS):
             check_argmax(sol.argmax, rng)
+
+
+@cuda.jit
+def argmax_pads_with_zero(x, block_val, block_idx):
+    sv = cuda.shared.array(BLOCK, float32)
+    si = cuda.shared.array(BLOCK, int32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    sv[t] = x[i] if i < x.size else ZERO  # wrong: 0 beats every negative value
+    si[t] = i if i < x.size else x.size
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            v, j = sv[t + stride], si[t + stride]
+            if v > sv[t] or (v == sv[t] and j < si[t]):
+                sv[t] = v
+                si[t] = j
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        block_val[cuda.blockIdx.x] = sv[0]
+        block_idx[cuda.blockIdx.x] = si[0]
+
+
+@cuda.jit
+def argmax_keeps_later_ties(x, block_val, block_idx):
+    sv = cuda.shared.array(BLOCK, float32)
+    si = cuda.shared.array(BLOCK, int32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    sv[t] = x[i] if i < x.size else NEG_INF
+    si[t] = i if i < x.size else x.size
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride and sv[t + stride] >= sv[t]:  # wrong: a tie takes the later index
+            sv[t] = sv[t + stride]
+            si[t] = si[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    if t == 0:
+        block_val[cuda.blockIdx.x] = sv[0]
+        block_idx[cuda.blockIdx.x] = si[0]
+
+
+@pytest.mark.parametrize("kernel", [argmax_pads_with_zero, argmax_keeps_later_ties],
+                         ids=["pads-with-zero", "later-index-wins-ties"])
+def test_broken_argmax_kernel_fails(kernel, rng, monkeypatch):
+    monkeypatch.setattr(sol, "argmax_kernel", kernel)
+    with pytest.raises(FAILS):
+        check_argmax(sol.argmax, rng)
+
+
+def test_broken_argmax_last_block_wins_fails(rng):
+    def argmax(x):
+        blocks = ceil_div(x.size, BLOCK)
+        vals = cuda.device_array(blocks, np.float32)
+        idxs = cuda.device_array(blocks, np.int32)
+        sol.argmax_kernel[blocks, BLOCK](x, vals, idxs)
+        v, j = vals.copy_to_host(), idxs.copy_to_host()
+        best = max(range(blocks), key=lambda b: (v[b], b))  # wrong: the LAST block of the max
+        return float(v[best]), int(j[best])
+
+    with pytest.raises(FAILS):
+        check_argmax(argmax, rng)
 
 
 @cuda.jit
@@ -401,9 +522,9 @@ def test_broken_histogram_without_atomic_fails(rng):
         bins.copy_to_device(np.zeros(NBINS, np.int32))
         histogram_plain_add[blocks, BLOCK](x, bins)
 
-    with pytest.raises(FAILS):
-        for _ in range(4):  # a lost update is likely on each try, not certain
-            check_histogram(histogram, rng, sizes=[40 * BLOCK])
+    with pytest.raises(RACES):
+        for _ in range(pick(gpu=4, simulator=1)):  # GPU: a lost update is likely, not certain
+            check_histogram(histogram, rng, sizes=[pick(gpu=40 * BLOCK, simulator=2 * BLOCK)])
 
 
 @cuda.jit
@@ -422,14 +543,15 @@ def histogram_private_plain_add(x, bins):
         cuda.atomic.add(bins, t, h[t])
 
 
-@pytest.mark.gpu  # a Python `+=` on a NumPy array never yields mid-update in the simulator
 def test_broken_private_histogram_without_atomic_fails(rng):
+    # A Python `+=` on a NumPy array never yields mid-update in the simulator, so no
+    # count is lost there; the race detector reports it instead.
     def histogram(x, bins, blocks):
         bins.copy_to_device(np.zeros(NBINS, np.int32))
         histogram_private_plain_add[blocks, BLOCK](x, bins)
 
-    with pytest.raises(FAILS):
-        check_histogram(histogram, rng, sizes=[1 << 20])
+    with pytest.raises(RACES):
+        check_histogram(histogram, rng, sizes=[pick(gpu=1 << 20, simulator=2 * BLOCK)])
 
 
 @cuda.jit
@@ -482,7 +604,7 @@ def block_scan_one_barrier(x, out, sums):
 ], ids=["no-barrier-after-load", "no-barrier-between-read-and-write"])
 def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
     monkeypatch.setattr(sol, "block_scan_kernel", kernel)
-    with pytest.raises(FAILS):
+    with pytest.raises(RACES):
         fails_in_some_trial(check_scan, sol.scan_inclusive, rng)
 
 
@@ -539,7 +661,73 @@ def softmax_no_tree_barrier(x, out):
         out[r, j] = math.exp(x[r, j] - m) * inv
 
 
+@cuda.jit
+def softmax_no_max_subtraction(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    cols = x.shape[1]
+    acc = ZERO
+    for j in range(t, cols, BLOCK):
+        acc += math.exp(x[r, j])  # wrong: exp(x) overflows for large x; exp(x - max) cannot
+    s[t] = acc
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    inv = ONE / s[0]
+    for j in range(t, cols, BLOCK):
+        out[r, j] = math.exp(x[r, j]) * inv
+
+
+@cuda.jit
+def softmax_max_starts_at_zero(x, out):
+    s = cuda.shared.array(BLOCK, float32)
+    r = cuda.blockIdx.x
+    t = cuda.threadIdx.x
+    cols = x.shape[1]
+    m = ZERO  # wrong: the max of an all-negative row comes out as 0
+    for j in range(t, cols, BLOCK):
+        m = max(m, x[r, j])
+    s[t] = m
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] = max(s[t], s[t + stride])
+        cuda.syncthreads()
+        stride //= 2
+    m = s[0]
+    cuda.syncthreads()
+    acc = ZERO
+    for j in range(t, cols, BLOCK):
+        acc += math.exp(x[r, j] - m)
+    s[t] = acc
+    cuda.syncthreads()
+    stride = BLOCK // 2
+    while stride > 0:
+        if t < stride:
+            s[t] += s[t + stride]
+        cuda.syncthreads()
+        stride //= 2
+    inv = ONE / s[0]
+    for j in range(t, cols, BLOCK):
+        out[r, j] = math.exp(x[r, j] - m) * inv
+
+
+@pytest.mark.parametrize("kernel", [softmax_no_max_subtraction, softmax_max_starts_at_zero],
+                         ids=["no-max-subtraction", "max-starts-at-zero"])
+def test_broken_softmax_edge_values_fail(kernel, rng, monkeypatch):
+    monkeypatch.setattr(sol, "softmax_kernel", kernel)
+    # OverflowError: the simulator's float64 math.exp past 709 (a GPU returns inf)
+    with np.errstate(all="ignore"), pytest.raises(FAILS + (OverflowError,)):
+        check_softmax(sol.softmax_rows, rng)
+
+
 def test_broken_softmax_without_barrier_fails(rng, monkeypatch):
     monkeypatch.setattr(sol, "softmax_kernel", softmax_no_tree_barrier)
-    with pytest.raises(FAILS):
+    with pytest.raises(RACES):
         check_softmax(sol.softmax_rows, rng)

@@ -8,6 +8,7 @@ from numba import cuda
 
 from common.checking import CheckError, check, guarded, random_array
 from common.exercises import implementations, load_chapter_module
+from common.float32_purity import float32_pure_launches
 
 CHAPTER = "07_libraries"
 
@@ -39,11 +40,26 @@ def check_fft_convolve_1d(fn, rng):
         fn(torch.zeros(0), torch.ones(3))
 
 
+def uniform_reference(n, seed):
+    """Element i = the first float32 draw of generator state i (xoroshiro128+:
+    output s0 + s1, top 53 bits scaled to [0, 1), rounded to float32), on the host."""
+    from numba.cuda.random import create_xoroshiro128p_states
+
+    states = create_xoroshiro128p_states(n, seed=seed).copy_to_host()
+    with np.errstate(over="ignore"):  # uint64 addition wraps, as on the GPU
+        x = states["s0"] + states["s1"]
+    return ((x >> np.uint64(11)).astype(np.float64) * 2.0**-53).astype(np.float32)
+
+
 def check_random_uniform(fn, rng):
     n = int(rng.integers(50, 300))
-    a = fn(n, seed=7, block=64)
+    with float32_pure_launches():  # a float64 draw stored as float32 looks just as random
+        a = fn(n, seed=7, block=64)
     b = fn(n, seed=7, block=32)
     assert a.dtype == np.float32 and a.shape == (n,)
+    # Exactly each thread's own first draw: one state shared by all threads gives
+    # distinct, plausible numbers too (each thread advances it), so only this tells.
+    check(a, uniform_reference(n, 7), tol=0, name="element i: first draw of state i")
     check(b, a, tol=0, name="same seed, other block")  # bit-identical
     assert np.all((a >= 0) & (a < 1))
     assert len(np.unique(a)) > 0.95 * n, "threads drew the same numbers"

@@ -8,6 +8,7 @@ from numba import cuda, float32
 from common import ceil_div
 from common.checking import CheckError, check, guarded, random_array
 from common.exercises import implementations, load_chapter_module
+from common.float32_purity import float32_pure_launches
 
 CHAPTER = "08_faster_matmul"
 mm = load_chapter_module(CHAPTER, "matmul")
@@ -34,16 +35,26 @@ def _run_checked(matmul, m, n, k, rng, **kw):
 
 
 def check_matmul_tiled(fn, rng):
-    for m, n, k in SHAPES + [tuple(int(x) for x in rng.integers(2, 14, 3))]:
-        for tile in (4, 3):
-            _run_checked(fn, m, n, k, rng, tile=tile)
+    # (12, 12, 12): exact multiples of both tiles, where a grid one tile too large
+    # or a K loop one tile too long is wrong
+    with float32_pure_launches():
+        for m, n, k in SHAPES + [(12, 12, 12), tuple(int(x) for x in rng.integers(2, 14, 3))]:
+            for tile in (4, 3):
+                _run_checked(fn, m, n, k, rng, tile=tile)
+
+
+# (bm, bn, bk, tm, tn): thread grids of (bn // tn) x (bm // tm) = 4 x 4, 8 x 4 and 2 x 4,
+# and tm != tn: with a square thread grid and square register tiles, a kernel that
+# swaps tx and ty (or tm and tn) still covers every element once and passes.
+REGISTER_TILES = ((16, 8, 3, 4, 2), (8, 16, 4, 2, 2), (12, 8, 2, 3, 4))
 
 
 def check_matmul_register_tile(fn, rng):
-    shapes = [(17, 13, 9), (1, 1, 1), tuple(int(x) for x in rng.integers(2, 20, 3))]
-    for m, n, k in shapes:
-        for bm, bn, bk, tm, tn in ((8, 8, 4, 2, 2), (16, 8, 3, 4, 2)):
-            _run_checked(fn, m, n, k, rng, bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
+    shapes = [(17, 13, 9), (1, 1, 1), (24, 16, 8), tuple(int(x) for x in rng.integers(2, 20, 3))]
+    with float32_pure_launches():
+        for m, n, k in shapes:
+            for bm, bn, bk, tm, tn in REGISTER_TILES:
+                _run_checked(fn, m, n, k, rng, bm=bm, bn=bn, bk=bk, tm=tm, tn=tn)
 
 
 def check_arithmetic_intensity(fn):
@@ -143,6 +154,91 @@ def test_tiled_without_syncthreads_fails(rng):
 def test_tiled_without_bounds_check_fails(rng):
     with pytest.raises((CheckError, IndexError)):
         check_matmul_tiled(_as_launcher(_tiled_without_bounds(4)), rng)
+
+
+def _register_tile_swapped(BM, BN, BK, TM, TN):
+    TX, TY = BN // TN, BM // TM
+    THREADS = TX * TY
+
+    @cuda.jit
+    def matmul_register_tile_swapped(a, b, c):
+        a_tile = cuda.shared.array((BM, BK), float32)
+        b_tile = cuda.shared.array((BK, BN), float32)
+        acc = cuda.local.array((TM, TN), float32)
+        tid = cuda.threadIdx.x
+        ty, tx = tid % TX, tid // TX  # wrong: tx, ty = tid % TX, tid // TX
+        m, kk = a.shape
+        n = b.shape[1]
+        row0 = cuda.blockIdx.y * BM
+        col0 = cuda.blockIdx.x * BN
+        for i in range(TM):
+            for j in range(TN):
+                acc[i, j] = float32(0.0)
+        for k0 in range(0, kk, BK):
+            for idx in range(tid, BM * BK, THREADS):
+                r, q = idx // BK, idx % BK
+                ok = row0 + r < m and k0 + q < kk
+                a_tile[r, q] = a[row0 + r, k0 + q] if ok else float32(0.0)
+            for idx in range(tid, BK * BN, THREADS):
+                r, q = idx // BN, idx % BN
+                ok = k0 + r < kk and col0 + q < n
+                b_tile[r, q] = b[k0 + r, col0 + q] if ok else float32(0.0)
+            cuda.syncthreads()
+            for k in range(BK):
+                for i in range(TM):
+                    for j in range(TN):
+                        acc[i, j] += a_tile[ty * TM + i, k] * b_tile[k, tx * TN + j]
+            cuda.syncthreads()
+        for i in range(TM):
+            for j in range(TN):
+                row, col = row0 + ty * TM + i, col0 + tx * TN + j
+                if row < m and col < n:
+                    c[row, col] = acc[i, j]
+
+    return matmul_register_tile_swapped
+
+
+def test_register_tile_with_tx_ty_swapped_fails(rng):
+    def launch(a, b, c, bm, bn, bk, tm, tn):
+        m, n = c.shape
+        kernel = _register_tile_swapped(bm, bn, bk, tm, tn)
+        kernel[(ceil_div(n, bn), ceil_div(m, bm)), (bm // tm) * (bn // tn)](a, b, c)
+
+    with pytest.raises((CheckError, IndexError)):
+        check_matmul_register_tile(launch, rng)
+
+
+def _tiled_acc_float64(TILE):
+    @cuda.jit
+    def matmul_tiled_acc_float64(a, b, c):
+        a_tile = cuda.shared.array((TILE, TILE), float32)
+        b_tile = cuda.shared.array((TILE, TILE), float32)
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        row = cuda.blockIdx.y * TILE + ty
+        col = cuda.blockIdx.x * TILE + tx
+        m, kk = a.shape
+        n = b.shape[1]
+        acc = 0.0  # wrong: a float64 accumulator, so every FMA below is float64
+        for k0 in range(0, kk, TILE):
+            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
+            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
+            cuda.syncthreads()
+            for k in range(TILE):
+                acc += a_tile[ty, k] * b_tile[k, tx]
+            cuda.syncthreads()
+        if row < m and col < n:
+            c[row, col] = acc
+
+    return matmul_tiled_acc_float64
+
+
+def test_tiled_with_float64_accumulator_fails(rng):
+    # Right values (the simulator rounds the result to float32 on the store); the
+    # float64 check names the line.
+    with pytest.raises(CheckError, match=r"line \d+ of test_ch08_matmul.py: `acc = 0.0` makes "
+                       r"acc float64; write acc = np.float32\(0.0\)"):
+        kernels = {tile: _tiled_acc_float64(tile) for tile in (3, 4)}
+        check_matmul_tiled(lambda a, b, c, tile: _as_launcher(kernels[tile])(a, b, c, tile), rng)
 
 
 def test_register_tile_with_wrong_fragment_fails(rng):

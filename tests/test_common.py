@@ -198,6 +198,108 @@ def test_check_integers_exactly():
     assert check(np.array([1, 2, 3], np.int32), np.array([1, 2, 3])) == 0.0
 
 
+def _check_message(out, ref, **kwargs):
+    with pytest.raises(CheckError) as e:
+        check(out, ref, **kwargs)
+    return str(e.value)
+
+
+def test_check_names_lost_increments_and_double_counts(rng):
+    msg = _check_message(np.int64(229), np.int64(233), name="count")
+    assert msg.startswith("count: got 229, expected 233: 4 increments were lost") and "cuda.atomic.add" in msg
+    assert "4 too many" in _check_message(np.int64(237), np.int64(233))
+    hist = rng.integers(1, 20, 16)
+    lost = hist.copy()
+    lost[[3, 7]] -= 1
+    assert "the counts sum to" in _check_message(lost, hist) and "increments were lost" in _check_message(lost, hist)
+
+
+def test_check_names_unwritten_integer_elements(rng):
+    ref = random_array(70, np.int32, rng)
+    out = ref.copy()
+    out[50:] = checking.poison_value(np.int32)
+    msg = _check_message(out, ref)
+    assert "20 of 70 elements still hold the poison value" in msg and "elements 50 and up were never written" in msg
+
+
+def test_check_names_a_grid_that_stops_short(rng):
+    ref = random_array(100, np.float64, rng)
+    out = ref.copy()
+    out[70:] = np.nan
+    assert "elements 70 and up were never written" in _check_message(out, ref)
+    ref2 = random_array((5, 7), np.float64, rng)
+    rows, cols = ref2.copy(), ref2.copy()
+    rows[3:] = np.nan
+    cols[:, 4:] = np.nan
+    assert "rows 3 and up were never written" in _check_message(rows, ref2)
+    assert "columns 4 and up were never written" in _check_message(cols, ref2)
+
+
+def test_check_names_index_patterns(rng):
+    ref = random_array(100, np.float64, rng)
+    assert "an index off by one" in _check_message(np.r_[ref[1:], ref[0]], ref)
+    assert "an index off by one" in _check_message(np.r_[ref[1:], np.nan], ref)  # and a NaN tail
+    assert "off by 32 (a block's worth?)" in _check_message(np.r_[ref[32:], np.ones(32)], ref)
+    assert "every block of 32 threads redid block 0's elements" in _check_message(ref[np.arange(100) % 32], ref)
+    square = random_array((6, 6), np.float64, rng)
+    assert "transpose" in _check_message(square.T.copy(), square)
+    assert "off by the same 0.5" in _check_message(ref + 0.5, ref)
+    assert "every element is 2 times" in _check_message(2 * ref, ref)
+
+
+def test_check_names_a_missing_per_block_term(rng):
+    # An inclusive scan whose blocks of 32 never add the sums of the blocks before them.
+    x = random_array(70, np.int32, rng)
+    ref = np.cumsum(x).astype(np.int32)
+    out = np.concatenate([np.cumsum(x[b:b + 32]) for b in range(0, 70, 32)]).astype(np.int32)
+    assert "one constant for each run of 32 elements" in _check_message(out, ref)
+
+
+@pytest.mark.parametrize("trial", range(5))
+def test_check_claims_no_cause_for_random_errors(trial, rng):
+    ref = random_array(200, np.float64, rng)
+    msg = _check_message(ref + 0.1 * random_array(200, np.float64, rng), ref)
+    causes = msg.split("mismatching elements)")[1]
+    assert causes == "", msg
+    counts = rng.integers(0, 5, 64)
+    wrong = counts + rng.integers(-1, 2, 64)
+    wrong[0] = counts[0] + 1
+    wrong[1] = counts[1] - 1  # some too high, some too low: no single cause
+    msg = _check_message(wrong, counts)
+    assert "increments" not in msg and "too many" not in msg and "index off" not in msg, msg
+
+
+def test_check_untouched_says_where(rng):
+    g = guarded(10, pad=8)
+    host = g._buffer.copy_to_host()
+    host[-3:] = 1.0
+    g._buffer.copy_to_device(host)
+    with pytest.raises(CheckError, match=r"wrote outside the output array \(3 cells past its end\)"):
+        g.check_untouched()
+
+
+def test_checker_frames_are_hidden_and_the_seed_replays(tmp_path, monkeypatch, capsys):
+    """A failing test's report shows the test's line, not check()'s source, and the
+    command that replays its random draw; --seed and COURSE_SEED replay it."""
+    (tmp_path / "test_draw.py").write_text(
+        "import numpy as np\nfrom common.checking import check\n\n\n"
+        "def test_draw(rng):\n    x = rng.integers(1 << 30)\n    print('drew', x)\n"
+        "    check(np.array([1.0, 2.0]), np.array([1.0, 3.0]))\n")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delenv("COURSE_SEED", raising=False)
+    args = [str(tmp_path), "-p", "tests.conftest", "-p", "no:cacheprovider", "-p", "no:xdist",
+            "--tb=long", "-rN"]
+    pytest.main([*args, "--seed", "1234"])
+    out = capsys.readouterr().out
+    drawn = np.random.default_rng(1234).integers(1 << 30)
+    assert f"drew {drawn}" in out and "CheckError: output: relative error" in out
+    assert "def check(" not in out and "o = _to_host(out)" not in out
+    assert 'replay: python -m pytest "test_draw.py::test_draw" --seed 1234' in out
+    monkeypatch.setenv("COURSE_SEED", "1234")
+    pytest.main(args)
+    assert f"drew {drawn}" in capsys.readouterr().out
+
+
 def test_check_rejects_shape_mismatch_and_zero_reference():
     with pytest.raises(CheckError, match="shape"):
         check(np.ones(3), np.ones(4))
@@ -420,28 +522,7 @@ def test_doctor_command_exit_status():
     assert "verdict: ready" in out.stdout
 
 
-def test_progress_command_reports_each_exercise():
-    out = subprocess.run([sys.executable, "-m", "common.progress", "5"],
-                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "05_first_kernels" in out.stdout
-    assert "not attempted  scaled_add" in out.stdout
-    assert "exercises pass" in out.stdout
-
-
-def test_progress_summary_rules():
-    from common.progress import _summarise
-
-    assert _summarise(["pass", "pass"]) == "pass"
-    assert _summarise(["pass", "FAIL"]) == "FAIL"
-    assert _summarise(["not attempted", "not attempted"]) == "not attempted"
-    assert _summarise(["pass", "skipped"]) == "pass"
-
-
-def test_progress_rejects_unknown_chapter():
-    out = subprocess.run([sys.executable, "-m", "common.progress", "99"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
-    assert out.returncode != 0 and "chapter" in (out.stdout + out.stderr)
+# progress: tests/test_progress.py
 
 
 def test_require_device_array_names_the_fix():

@@ -1,10 +1,12 @@
 """The capstone's command lines and training loop, in the simulator at tiny sizes.
 
-``final_project.train``'s simulator default (real digits shrunk to 12x12, a
-few steps) must finish, write a checkpoint that ``--evaluate`` loads; the loss
-must fall on the shipped real digits; ``final_project.compare`` must run and
-write its JSON; ``--check`` must catch a broken kernel; bad inputs must give
-clear errors. The network is never reached (``fetch`` is replaced).
+``final_project.train``'s simulator default (real digits shrunk to 8x8, 16
+steps; run once for the module) must print a falling loss step by step and an
+accuracy above chance on 300 test images, and write a checkpoint into a fresh
+run folder that ``--evaluate`` loads; an earlier checkpoint is never
+overwritten; ``final_project.compare`` must run and write its JSON; ``--check``
+must catch a broken kernel; bad inputs must give argparse errors before any
+work. The network is never reached (``fetch`` is replaced).
 """
 
 # isort: off
@@ -25,25 +27,33 @@ from final_project import kernels as K
 from final_project import train as ftrain
 from final_project.model import NetConfig, NumbaCNN, init_params
 
-TINY_CONFIG = NetConfig(height=12, width=12, c1=4, c2=8, hidden=16)
+# The simulator's default run's sizes: a step is about 12,000 simulated threads.
+TINY_CONFIG = NetConfig(height=ftrain.TINY.image_size, width=ftrain.TINY.image_size,
+                        c1=ftrain.TINY.c1, c2=ftrain.TINY.c2, hidden=ftrain.TINY.hidden)
 
 
 @pytest.fixture
 def offline(tmp_path, monkeypatch):
     """No network, an empty cache: MNIST falls back to the shipped sample."""
 
-    def no_network(url, dest, **kwargs):
-        raise urllib.error.URLError("network disabled in tests")
-
-    monkeypatch.setattr(fdata, "fetch", no_network)
+    monkeypatch.setattr(fdata, "fetch", _no_network)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path
 
 
 def _tiny_batch(n: int, offset: int = 0):
     ds = fdata.load_sample()
-    x = fdata.normalise(fdata.shrink(ds.train_images[offset : offset + n], 12), ds.mean, ds.std)
+    x = fdata.normalise(fdata.shrink(ds.train_images[offset : offset + n], TINY_CONFIG.height),
+                        ds.mean, ds.std)
     return np.ascontiguousarray(x), ds.train_labels[offset : offset + n].astype(np.int32)
+
+
+def _no_network(url, dest, **kwargs):
+    raise urllib.error.URLError("network disabled in tests")
+
+
+def _must_not_run(*args, **kwargs):
+    raise AssertionError("work started before the options were checked")
 
 
 # --------------------------------------------------------------------------
@@ -51,28 +61,93 @@ def _tiny_batch(n: int, offset: int = 0):
 # --------------------------------------------------------------------------
 
 
-def test_train_default_run_writes_a_checkpoint_that_evaluate_loads(offline, capsys):
-    out = offline / "run"
-    argv = ["--out", str(out)] + ([] if is_simulator() else ["--tiny"])
-    assert ftrain.main(argv) == 0
-    printed = capsys.readouterr().out
-    assert "tiny run" in printed
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """``python -m final_project.train`` with no options, once for the module.
+
+    Offline (the shipped sample), from an empty folder holding an earlier run's
+    ``runs/final_project/run-001/``, which must survive untouched. Returns
+    (what it printed, the folder it ran in).
+    """
+    import contextlib
+    import io
+    import os
+
+    root = tmp_path_factory.mktemp("default_run")
+    earlier = root / "runs" / "final_project" / "run-001"
+    earlier.mkdir(parents=True)
+    (earlier / "checkpoint.npz").write_bytes(b"an earlier run")
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fdata, "fetch", _no_network)
+        mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
+        mp.chdir(root)
+        with contextlib.redirect_stdout(printed):
+            code = ftrain.main([] if is_simulator() else ["--tiny"])
+    assert code == 0, printed.getvalue()
+    assert os.path.isdir(root / "runs" / "final_project" / "run-002")
+    return printed.getvalue(), root
+
+
+def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run):
+    printed, _ = default_run
+    steps = ftrain.TINY.epochs * (ftrain.TINY.n_train // ftrain.TINY.batch_size)
+    losses = [float(line.rsplit("loss ", 1)[1]) for line in printed.splitlines()
+              if line.startswith("step ")]
+    assert len(losses) == steps, printed  # one line a step, though stdout is no terminal
+    # Falls: the last quarter's mean is clearly below the first quarter's.
+    q = steps // 4
+    assert np.mean(losses[-q:]) < np.mean(losses[:q]) - 0.05, losses
+    accuracy = float(printed.split("test accuracy ")[-1].split("%")[0])
+    # On 300 images, 10% is chance (binomial std 1.7 points): 15% is 3 std above.
+    assert f"on {ftrain.TINY.n_test} images" in printed
+    assert accuracy >= 15, printed
     assert "shipped sample" in printed and "python -m final_project.data --download mnist" in printed
+    assert printed.count("python -m final_project.data --download mnist") == 1
+    assert "NetConfig(" not in printed and "simulator (simulator)" not in printed
+
+
+def test_default_run_gets_a_fresh_folder_that_evaluate_loads(default_run, capsys):
+    printed, root = default_run
+    earlier = root / "runs" / "final_project" / "run-001" / "checkpoint.npz"
+    assert earlier.read_bytes() == b"an earlier run"  # not overwritten
+    out = root / "runs" / "final_project" / "run-002"
+    assert f"--evaluate {out.relative_to(root) / 'checkpoint.npz'}" in printed
     metrics = json.loads((out / "metrics.json").read_text())
-    assert [h["epoch"] for h in metrics["history"]] == [1, 2]
+    assert [h["epoch"] for h in metrics["history"]] == list(range(1, ftrain.TINY.epochs + 1))
     assert all(np.isfinite(h["train_loss"]) for h in metrics["history"])
-    assert metrics["is_sample"] and metrics["config"]["height"] == 12
+    assert metrics["is_sample"] and metrics["config"]["height"] == ftrain.TINY.image_size
 
     config, state, meta = ftrain.load_checkpoint(out / "checkpoint.npz")
     assert config == NetConfig(**metrics["config"]) and meta["tiny"]
-    assert state["conv1.weight"].shape == (4, 1, 3, 3)
+    assert state["conv1.weight"].shape == (ftrain.TINY.c1, 1, 3, 3)
     assert not np.allclose(state["conv1.weight"], init_params(config, 0)["conv1.weight"])
 
-    assert ftrain.main(["--evaluate", str(out / "checkpoint.npz")]) == 0
+    assert ftrain.main(["--sample", "--evaluate", str(out / "checkpoint.npz")]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     # Evaluation is deterministic: the same accuracy as at the end of training.
     assert f"test accuracy {metrics['history'][-1]['test_accuracy']:.2f}%" in line
     assert f"on {ftrain.TINY.n_test} images" in line
+
+
+def test_fresh_run_dir_numbers_after_the_highest(tmp_path):
+    assert ftrain.fresh_run_dir(tmp_path / "runs").name == "run-001"  # creates the parent
+    (tmp_path / "runs" / "run-007").mkdir()
+    (tmp_path / "runs" / "run-notes").mkdir()
+    assert ftrain.fresh_run_dir(tmp_path / "runs").name == "run-008"
+    assert (tmp_path / "runs" / "run-008").is_dir()
+
+
+def test_an_earlier_checkpoint_in_out_is_refused_before_anything_runs(tmp_path, capsys,
+                                                                       monkeypatch):
+    (tmp_path / "checkpoint.npz").write_bytes(b"an earlier run")
+    monkeypatch.setattr(ftrain, "load_data", _must_not_run)
+    with pytest.raises(SystemExit) as e:
+        ftrain.main(["--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "earlier run" in err and "--overwrite" in err
+    assert (tmp_path / "checkpoint.npz").read_bytes() == b"an earlier run"
 
 
 def test_checkpoint_round_trip_and_bad_checkpoints(tmp_path):
@@ -177,14 +252,29 @@ def test_compare_tiny_writes_json_and_plot(offline, capsys):
     assert [r["batch_size"] for r in result["timing"]] == [8]
     if is_simulator():
         assert result["timing"][0]["ms"] == {"numba naive eager": None, "torch eager": None}
-    assert result["device"] and result["config"]["c1"] == 4
+    assert result["device"] and result["config"]["c1"] == ftrain.TINY.c1
 
 
 def test_compare_bad_batch_sizes_are_rejected():
-    with pytest.raises(SystemExit):
-        fcompare.main(["--time-batch-sizes", "64,zero"])
-    with pytest.raises(SystemExit):
-        fcompare.main(["--time-batch-sizes", "0"])
+    for argv in (["--time-batch-sizes", "64,zero"], ["--time-batch-sizes", "0"],
+                 ["--epochs", "0"]):
+        with pytest.raises(SystemExit) as e:
+            fcompare.main(argv)
+        assert e.value.code == 2
+
+
+def test_compare_timing_only_skips_the_accuracy_run(offline, monkeypatch, capsys):
+    # Only the path through main: training must not start, timing must.
+    timed = []
+    monkeypatch.setattr(ftrain, "train", _must_not_run)
+    monkeypatch.setattr(fcompare, "time_steps",
+                        lambda *a, **k: timed.append(a[3]) or {"batch_size": a[3], "ms": {}})
+    out = offline / "cmp"
+    argv = ["--timing-only", "--sample", "--out", str(out), "--time-batch-sizes", "8"]
+    assert fcompare.main(argv + ([] if is_simulator() else ["--tiny"])) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert timed == [8] and result["accuracy_run"]["epochs"] == 0
+    assert result["accuracy_run"]["curves"] == {"numba": [], "torch": []}
 
 
 # --------------------------------------------------------------------------
@@ -198,7 +288,7 @@ def test_wrong_batches_into_the_model_are_clear_errors():
     x_dev, y_dev = cuda.to_device(x), cuda.to_device(y)
     cases = [
         ((cuda.to_device(x[:, 0]), y_dev), "NCHW"),  # no channel axis
-        ((cuda.to_device(np.zeros((4, 1, 28, 28), np.float32)), y_dev), r"expected \(N, 1, 12, 12\)"),
+        ((cuda.to_device(np.zeros((4, 1, 28, 28), np.float32)), y_dev), r"expected \(N, 1, 8, 8\)"),
         ((x, y), "host"),  # NumPy, not on the device
         ((cuda.to_device(x.astype(np.float64)), y_dev), "float32"),
         ((x_dev, cuda.to_device(y.astype(np.int64))), "int32"),
@@ -214,7 +304,6 @@ def test_wrong_batches_into_the_model_are_clear_errors():
 @pytest.mark.parametrize("argv,message", [
     (["--data-dir", "/nonexistent/mnist"], "no such directory"),
     (["--dataset", "fashion-mnist"], "--data-dir"),
-    (["--sample", "--train-from-test", "0"], "--train-from-test 0"),
     (["--sample", "--train-from-test", "300"], "need 0 < N < 300"),
     (["--sample", "--batch-size", "5000", "--no-tiny"], "smaller --batch-size"),
 ])
@@ -230,11 +319,39 @@ def test_train_cli_data_dir_without_files_is_an_error(offline, capsys):
     assert "does not hold the mnist files" in err and "train-images-idx3-ubyte" in err
 
 
-@pytest.mark.parametrize("argv", [["--lr", "0"], ["--lr", "nan"], ["--epochs", "-1"],
-                                  ["--sample", "--data-dir", "x"], ["--max-steps", "0"]])
-def test_train_cli_rejects_bad_options(argv):
-    with pytest.raises(SystemExit):
+@pytest.mark.parametrize("argv,message", [
+    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
+    (["--c1", "0"], "argument --c1: must be >= 1, got 0"),
+    (["--c2", "0"], "argument --c2: must be >= 1, got 0"),
+    (["--hidden", "0"], "argument --hidden: must be >= 1, got 0"),
+    (["--max-steps", "0"], "argument --max-steps: must be >= 1, got 0"),
+    (["--check", "--check-every", "0"], "argument --check-every: must be >= 1, got 0"),
+    (["--sample", "--train-from-test", "0"], "argument --train-from-test: must be >= 1"),
+    (["--batch-size", "8.5"], "expected a whole number >= 1, got '8.5'"),
+    (["--lr", "0"], "argument --lr: must be a finite number > 0, got 0"),
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+    (["--sample", "--data-dir", "x"], "give either --sample or --data-dir, not both"),
+])
+def test_train_cli_rejects_bad_options_before_any_work(argv, message, capsys, monkeypatch):
+    # A bad value is an argparse error (exit status 2) that names the option and
+    # what it accepts; it is never replaced by a default, and nothing runs.
+    monkeypatch.setattr(ftrain, "load_data", _must_not_run)
+    with pytest.raises(SystemExit) as e:
         ftrain.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "python -m final_project.train: error:" in err and message in err, err
+
+
+def test_train_help_shows_both_defaults_without_markup(capsys):
+    with pytest.raises(SystemExit) as e:
+        ftrain.main(["--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text
+    assert f"(default {ftrain.DEFAULT_BATCH} / {ftrain.TINY.batch_size})" in text
 
 
 def test_compare_timing_windows_path(monkeypatch):

@@ -1,12 +1,15 @@
 """The fast capstone kernels around the convolutions (final_project.fast_layers)
 against torch.autograd in float64, on hostile shapes: batch 1, odd channel
 counts, sizes that are not multiples of the tiles, ties in the max-pool, a
-closed ReLU at exactly zero, an invalid label. float32 kernels against a
+closed ReLU at exactly zero, logits past float64's exp range, a variance below
+batchnorm's eps, an invalid label; for each edge a broken kernel (a one-token
+source edit of the real one) must fail the check. float32 kernels against a
 float64 truth land near 1e-6; the tolerance 1e-4 (final_project.checks.TOL)
 leaves room for sums of a few thousand terms and fails any wrong index.
 """
 
 import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import math
 
 import numpy as np
 import pytest
@@ -16,7 +19,10 @@ from numba import cuda
 
 from common.checking import CheckError, check, guarded, random_array
 from final_project import fast_layers as fl
+from common.runtime import ceil_div
+from final_project import checks as C
 from final_project.checks import TOL
+from test_final_project_layers import mutant
 
 
 def _t(a, grad=False):
@@ -36,17 +42,21 @@ def _partials_of(z, rows):
     return out
 
 
-def _bn_forward_stats(rng, z, rows=3, eps=1e-5, momentum=0.1):
+def _bn_forward_stats(rng, z, rows=3, eps=1e-5, momentum=0.1, zero_beta=(),
+                      finalize=fl.bn_stats_finalize):
     c = z.shape[1]
     gamma = random_array(c, np.float32, rng, 0.5, 2.0)
-    beta = random_array(c, np.float32, rng)
+    # beta >= 0: each channel's largest value passes the ReLU, so with one
+    # window a channel (batch 1, 2 x 2) dgamma and dbeta are not all zero.
+    beta = np.abs(random_array(c, np.float32, rng))
+    beta[list(zero_beta)] = 0.0
     rm = random_array(c, np.float32, rng)
     rv = random_array(c, np.float32, rng, 0.5, 2.0)
     dev = {k: cuda.to_device(v) for k, v in dict(gamma=gamma, beta=beta, rm=rm, rv=rv).items()}
     stats = {k: guarded(c, np.float32) for k in ("mean", "invstd", "scale", "shift")}
-    fl.bn_stats_finalize(cuda.to_device(_partials_of(z, rows)), z.size // c, dev["gamma"],
-                         dev["beta"], eps, momentum, dev["rm"], dev["rv"],
-                         *(stats[k].array for k in ("mean", "invstd", "scale", "shift")))
+    finalize(cuda.to_device(_partials_of(z, rows)), z.size // c, dev["gamma"], dev["beta"], eps,
+             momentum, dev["rm"], dev["rv"],
+             *(stats[k].array for k in ("mean", "invstd", "scale", "shift")))
     for k, g in stats.items():
         g.check_untouched(k)
     return gamma, beta, rm, rv, dev, {k: g.array for k, g in stats.items()}
@@ -84,19 +94,21 @@ def _bn_block_reference(z, gamma, beta, dpooled_shape_rng):
     return tz, tg, tb, pooled, idx
 
 
-@pytest.mark.parametrize("n, c, h, w", [(2, 3, 4, 6), (1, 2, 2, 2), (3, 5, 8, 4)])
-def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w):
-    z = _conv_like(rng, n, c, h, w)
-    # Ties: a window of equal positive values (the first must win, as in torch),
-    # and a window all below the ReLU threshold (all zeros after it).
-    z[0, 0, 0:2, 0:2] = z[0, 0, 0, 0]
-    gamma, beta, rm, rv, dev, st = _bn_forward_stats(rng, z)
+def check_bn_relu_maxpool(rng, z, zero_beta=(), forward=fl.bn_relu_maxpool_forward,
+                          reduce=fl.bn_relu_maxpool_backward_reduce,
+                          backward_dx=fl.bn_relu_maxpool_backward_dx):
+    """maxpool(relu(batchnorm(z))) forward (values and the argmax code) and
+    backward (dgamma, dbeta, dz) against torch; ``zero_beta``: channels whose
+    beta is 0 (with a channel mean of exactly 0, a z of 0 is then exactly 0
+    before the ReLU)."""
+    n, c, h, w = z.shape
+    gamma, beta, rm, rv, dev, st = _bn_forward_stats(rng, z, zero_beta=zero_beta)
     tz, tg, tb, pooled_ref, idx = _bn_block_reference(z, gamma, beta, rng)
     z_ = cuda.to_device(z)
     ph, pw = h // 2, w // 2
     pooled = guarded((n, c, ph, pw), np.float32)
     argmax = guarded((n, c, ph, pw), np.int8)
-    fl.bn_relu_maxpool_forward(z_, st["scale"], st["shift"], pooled.array, argmax.array)
+    forward(z_, st["scale"], st["shift"], pooled.array, argmax.array)
     pooled.check_untouched("pooled")
     argmax.check_untouched("argmax")
     check(pooled.array, pooled_ref.detach(), TOL, "bn+relu+pool forward")
@@ -109,36 +121,151 @@ def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w):
     stats = [st[k] for k in ("mean", "invstd", "scale", "shift")]
     rows = fl.bn_backward_partial_rows(n, ph, pw)
     partials = guarded((rows, 2, c), np.float64)
-    fl.bn_relu_maxpool_backward_reduce(dp_, argmax.array, z_, *stats, partials.array)
+    reduce(dp_, argmax.array, z_, *stats, partials.array)
     partials.check_untouched("partials")
     dgamma, dbeta = guarded(c, np.float32), guarded(c, np.float32)
     fl.bn_backward_finalize(partials.array, dgamma.array, dbeta.array)
     check(dgamma.array, tg.grad, TOL, "dgamma")
     check(dbeta.array, tb.grad, TOL, "dbeta")
     dz = guarded(z.shape, np.float32)
-    fl.bn_relu_maxpool_backward_dx(dp_, argmax.array, z_, *stats, dev["gamma"], dgamma.array,
-                                   dbeta.array, dz.array)
+    backward_dx(dp_, argmax.array, z_, *stats, dev["gamma"], dgamma.array, dbeta.array, dz.array)
     dz.check_untouched("dz")
     check(dz.array, tz.grad, TOL, "dz")
 
 
-def test_bn_eval_scale_shift(rng):
+@pytest.mark.parametrize("n, c, h, w", [(2, 3, 4, 6), (1, 2, 2, 2), (3, 5, 8, 4)])
+def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w):
+    z = _conv_like(rng, n, c, h, w)
+    # Ties: a window of equal values (the first must win, as in torch); and
+    # windows all below the ReLU threshold (four tied zeros after it).
+    z[0, 0, 0:2, 0:2] = z[0, 0, 0, 0]
+    check_bn_relu_maxpool(rng, z)
+
+
+def _zero_preactivation_input(rng, n=2, c=2, h=4, w=6):
+    """Conv-like z whose channel 0 holds multiples of 1/8 (every sum exact) with
+    a mean of exactly 0, and windows (0, 0, 1) of each image whose first value
+    is exactly 0 and the other three negative. With beta = 0 that first value is
+    exactly 0 after batchnorm: the window pools four ReLU zeros, the first wins
+    (as in torch), and its ReLU is closed *at* 0, where torch's gradient is 0."""
+    z = _conv_like(rng, n, c, h, w)
+    q = rng.integers(1, 17, (n, h, w)) * rng.choice([-1.0, 1.0], (n, h, w)) / 8
+    for pw in (0, 1):
+        q[:, 0:2, 2 * pw:2 * pw + 2] = -np.abs(q[:, 0:2, 2 * pw:2 * pw + 2])
+        q[:, 0, 2 * pw] = 0.0
+    q[-1, -1, -1] -= q.sum()  # the channel mean becomes exactly 0
+    z[:, 0] = q
+    return z
+
+
+def test_bn_relu_at_exactly_zero(rng):
+    check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,))
+
+
+def test_bn_relu_maxpool_check_catches_last_maximum(rng):
+    kernel = mutant(fl.bn_relu_maxpool_forward_kernel, ("if v > best:", "if v >= best:"))
+
+    def broken(z, scale, shift, pooled, argmax):
+        grid, block = fl._window_grid(pooled.shape)
+        kernel[grid, block](z, scale, shift, pooled, argmax)
+
+    z = _conv_like(rng, 2, 2, 4, 4)
+    z[0, 0, 0:2, 0:2] = z[0, 0, 0, 0]
+    with pytest.raises(CheckError, match="argmax"):
+        check_bn_relu_maxpool(rng, z, forward=broken)
+
+
+def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
+    kernel = mutant(fl.make_bn_backward_reduce, ("if zv * sc + sh > 0.0:",
+                                                 "if zv * sc + sh >= 0.0:"))(fl.BN_REDUCE_BLOCK)
+
+    def broken(dpooled, argmax, z, mean, invstd, scale, shift, partials):
+        n, c, h_out, w_out = dpooled.shape
+        per = fl.bn_backward_images_per_block(n, h_out, w_out)
+        kernel[(c, ceil_div(n, per)), fl.BN_REDUCE_BLOCK](
+            dpooled, argmax, z, mean, invstd, scale, shift, per, partials)
+
+    with pytest.raises(CheckError, match="dgamma|dbeta"):
+        check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,),
+                              reduce=broken)
+
+
+def test_relu_zero_check_catches_open_mask_in_backward_dx(rng):
+    kernel = mutant(fl.bn_relu_maxpool_backward_dx_kernel,
+                    ("if zw * scale[c] + shift[c] > 0 else",
+                     "if zw * scale[c] + shift[c] >= 0 else"))
+
+    def broken(*args):
+        grid, block = fl._window_grid(args[0].shape)
+        kernel[grid, block](*args)
+
+    with pytest.raises(CheckError, match="dz"):
+        check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,),
+                              backward_dx=broken)
+
+
+def check_bn_eval_scale_shift(rng, scale_shift=fl.bn_eval_scale_shift):
     c = 5
     gamma, beta = random_array(c, np.float32, rng), random_array(c, np.float32, rng)
     rm, rv = random_array(c, np.float32, rng), random_array(c, np.float32, rng, 0.1, 2.0)
     rv[0] = 1e-7  # a tiny running variance: eps must matter
     scale, shift = guarded(c, np.float32), guarded(c, np.float32)
-    fl.bn_eval_scale_shift(*(cuda.to_device(a) for a in (gamma, beta, rm, rv)), 1e-5,
-                           scale.array, shift.array)
+    scale_shift(*(cuda.to_device(a) for a in (gamma, beta, rm, rv)), 1e-5, scale.array,
+                shift.array)
     sc_ref = gamma / np.sqrt(rv.astype(np.float64) + 1e-5)
     check(scale.array, sc_ref, TOL, "eval scale")
     check(shift.array, beta - rm * sc_ref, TOL, "eval shift")
+
+
+def test_bn_eval_scale_shift(rng):
+    check_bn_eval_scale_shift(rng)
+
+
+def test_eval_eps_check_catches_missing_eps(rng):
+    kernel = mutant(fl.bn_eval_scale_shift_kernel, ("math.sqrt(running_var[c] + eps)",
+                                                    "math.sqrt(running_var[c])"))
+    with pytest.raises(CheckError, match="eval scale"):
+        check_bn_eval_scale_shift(rng, lambda *args: kernel[1, fl.THREADS](*args))
+
+
+def check_bn_stats_tiny_variance(rng, finalize=fl.bn_stats_finalize):
+    """Training statistics where eps matters: channel 0's batch variance ~1e-6
+    (std 1e-3 around ~0, so no cancellation), below eps = 1e-5."""
+    z = _conv_like(rng, 2, 3, 4, 6)
+    z[:, 0] = random_array((2, 4, 6), np.float32, rng) * 1e-3
+    gamma, beta, rm, rv, dev, st = _bn_forward_stats(rng, z, finalize=finalize)
+    tz = _t(z)
+    var = tz.var((0, 2, 3), unbiased=False)
+    check(st["invstd"], 1 / torch.sqrt(var + 1e-5), TOL, "invstd (batch variance below eps)")
+    y = F.batch_norm(tz, None, None, _t(gamma), _t(beta), training=True, eps=1e-5)
+    sc = st["scale"].copy_to_host().reshape(1, -1, 1, 1)
+    sh = st["shift"].copy_to_host().reshape(1, -1, 1, 1)
+    check(z * sc + sh, y, TOL, "z * scale + shift (batch variance below eps)")
+
+
+def test_bn_stats_variance_below_eps(rng):
+    check_bn_stats_tiny_variance(rng)
+
+
+def test_tiny_variance_check_catches_missing_eps_in_training(rng):
+    stats_kernel, _ = mutant(fl.make_partials_finalize, (
+        "inv = 1.0 / math.sqrt(var + eps)", "inv = 1.0 / math.sqrt(var)"))(fl.REDUCE_THREADS)
+
+    def broken(partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift):
+        stats_kernel[mean.shape[0], fl.REDUCE_THREADS](
+            partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift)
+
+    with pytest.raises(CheckError, match="below eps"):
+        check_bn_stats_tiny_variance(rng, finalize=broken)
 
 
 @pytest.mark.parametrize("n, n_in, n_out", [(1, 7, 3), (5, 40, 17), (19, 33, 20), (16, 16, 16)])
 @pytest.mark.parametrize("relu", [True, False])
 def test_linear_forward(rng, n, n_in, n_out, relu):
     x, w, b = (random_array(s, np.float32, rng) for s in ((n, n_in), (n_out, n_in), n_out))
+    # Output 0 is positive in every row, so the ReLU'd reference is never all zero
+    # (with 1 x 3 outputs all three are negative in one draw of eight).
+    b[0] = np.abs(x).sum(1).max() * np.abs(w[0]).max() + 0.1
     ref = F.linear(_t(x), _t(w), _t(b))
     if relu:
         ref = F.relu(ref)
@@ -234,6 +361,76 @@ def test_classifier_fused(rng, n, hidden, classes):
     fl.mean_reduce(outs["row_loss"].array, mean.array)
     check(mean.array, loss.detach().reshape(1), max(TOL, abs_row / float(loss.detach())),
           "mean loss")
+
+
+def check_classifier_extreme_rows(rng, classifier=fl.classifier_fused):
+    """The fused classifier on rows of logits near +800, 0 and -800 (past
+    float64's exp range, so a missing max-subtraction overflows, or underflows
+    to log(0), in the simulator too). Multiples of 1/4 in h and w and of 1/16 in
+    b keep every logit exact in float32 (the +-800 comes from hidden unit 0,
+    whose weight is 800 for every class); so the only rounding left is the
+    float32 log-sum-exp near 800 (softmax_grad_tol). Unit 1 is closed at exactly 0."""
+    n, hidden, classes = 6, 9, 5
+    h = rng.integers(0, 9, (n, hidden)) / 4
+    h[:, 0] = [2, 0, 1, 2, 0, 1]  # logit offsets +800, -800, 0 (b carries -800)
+    h[:, 1] = 0.0
+    w = rng.integers(-8, 9, (classes, hidden)) / 4
+    w[:, 0] = 800.0
+    b = rng.integers(-32, 33, classes) / 16 - 800
+    h, w, b = (a.astype(np.float32) for a in (h, w, b))
+    labels = rng.integers(0, classes, n).astype(np.int32)
+    th, tw, tb = _t(h, True), _t(w, True), _t(b, True)
+    logits_ref = F.linear(th, tw, tb)
+    logits_ref.retain_grad()
+    F.cross_entropy(logits_ref, torch.from_numpy(labels).long()).backward()
+    dh_ref = th.grad * torch.from_numpy(h > 0)
+    outs = {k: guarded(s, np.float32) for k, s in dict(
+        logits=(n, classes), row_loss=n, dlogits=(n, classes), dh=(n, hidden)).items()}
+    classifier(*(cuda.to_device(a) for a in (h, w, b, labels)),
+               *(outs[k].array for k in ("logits", "row_loss", "dlogits", "dh")))
+    check(outs["logits"].array, logits_ref.detach(), TOL, "logits (rows near +-800)")
+    row_ref = F.cross_entropy(logits_ref.detach(), torch.from_numpy(labels).long(),
+                              reduction="none")
+    abs_lse = 4 * float(np.finfo(np.float32).eps) * (800 + math.log(classes))
+    check(outs["row_loss"].array, row_ref,
+          max(TOL, abs_lse * math.sqrt(n) / float(row_ref.norm())), "row loss (rows near +-800)")
+    grad_tol = C.softmax_grad_tol(logits_ref.detach().numpy(), logits_ref.grad)
+    check(outs["dlogits"].array, logits_ref.grad, grad_tol, "dlogits (rows near +-800)")
+    # Unit 0's true gradient is 800 * sum(dlogits) of a row = 0, so float32 leaves
+    # only 800 times dlogits' rounding there: check the other units.
+    check(outs["dh"].array.copy_to_host()[:, 1:], dh_ref[:, 1:], grad_tol,
+          "dh (rows near +-800)")
+
+
+def test_classifier_rows_past_exp_range(rng):
+    check_classifier_extreme_rows(rng)
+
+
+def test_classifier_check_catches_missing_max_subtraction(rng):
+    kernel = mutant(fl.classifier_fused_kernel, ("s += math.exp(z[r, k] - m)",
+                                                 "s += math.exp(z[r, k])"),
+                    ("v = m + math.log(s)", "v = math.log(s)"))
+
+    def broken(h, w, b, labels, *outs):
+        kernel[ceil_div(h.shape[0], fl.CLS_ROWS), (fl.CLS_MAX_CLASSES, fl.CLS_ROWS)](
+            h, w, b, labels, *outs)
+
+    # A GPU returns inf (and the check fails); the simulator's math.exp and
+    # math.log raise instead of returning inf and -inf.
+    with pytest.raises((CheckError, OverflowError, ValueError)):
+        check_classifier_extreme_rows(rng, classifier=broken)
+
+
+def test_classifier_check_catches_open_relu_mask(rng):
+    kernel = mutant(fl.classifier_fused_kernel,
+                    ("if h_rows[rr, k] > 0.0", "if h_rows[rr, k] >= 0.0"))
+
+    def broken(h, w, b, labels, *outs):
+        kernel[ceil_div(h.shape[0], fl.CLS_ROWS), (fl.CLS_MAX_CLASSES, fl.CLS_ROWS)](
+            h, w, b, labels, *outs)
+
+    with pytest.raises(CheckError, match="dh"):
+        check_classifier_extreme_rows(rng, classifier=broken)
 
 
 def test_classifier_invalid_label_gives_nan(rng):

@@ -43,8 +43,14 @@ def test_fast_conv1_igemm_variant_matches_naive_model(rng):
     check(fast.loss, naive.loss.copy_to_host().astype(np.float64), 1e-5, "loss")
     ours, ref = fast.state_dict(), naive.state_dict()
     for name in ref:
-        if ref[name].dtype.kind == "f":
-            check(ours[name], ref[name].astype(np.float64), 1e-5, name)
+        if ref[name].dtype.kind != "f":
+            continue
+        if not ref[name].any():
+            # A conv bias right before batchnorm gets a zero gradient (the batch mean
+            # cancels it), so both models may keep it at exactly zero: compare absolutely.
+            assert np.abs(ours[name]).max() <= 1e-6, (name, ours[name])
+            continue
+        check(ours[name], ref[name].astype(np.float64), 1e-5, name)
 
 
 class CountingBackend(EagerBackend):

@@ -3,11 +3,16 @@
 The kernels (float32) must land within 1e-4 relative error (final_project.checks);
 the NumPy reference (float64) within 1e-10. Shapes are hostile: batch 1, odd
 sizes, sizes that do not fill a block, one channel, kernels other than 3x3.
-Deliberately broken kernels must fail the same checks.
+Deliberately broken kernels must fail the same checks. Edge values get their
+own tests, each with a broken kernel it must catch: tied maxima (the first
+index wins, as in torch), exact zeros at the ReLU, log-softmax rows past
+float64's exp range, a batch variance below batchnorm's eps.
 """
 
 import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import inspect
 import math
+import textwrap
 
 import numpy as np
 import pytest
@@ -15,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from numba import cuda
 
-from common.checking import CheckError, check
+from common.checking import CheckError, check, guarded, random_array
 from final_project import checks as C
 from final_project import kernels as K
 from final_project import reference as R
@@ -246,6 +251,215 @@ def test_nll_check_catches_missing_mean(rng):
     broken = lambda lp, y, d: _launch(nll_backward_sum_not_mean, d.size)(lp, y, d)
     with pytest.raises(CheckError, match="grad logits"):
         C.check_log_softmax_nll(rng, 4, 5, backward=broken)
+
+
+# ---------------------------------------------------------------------------
+# Edge values: ties, exact zeros, huge logits, a variance below eps
+# ---------------------------------------------------------------------------
+
+
+def mutant(kernel, *edits: tuple[str, str]):
+    """A copy of ``kernel`` (a ``@cuda.jit`` kernel or a kernel factory) with each
+    (old, new) source edit applied: the small bug a check must catch (``>=`` for
+    ``>``, a dropped ``+ eps``), kept in step with the real kernel's source.
+    Each ``old`` must occur exactly once. Also used by test_final_project_fast_layers."""
+    fn = getattr(kernel, "py_func", kernel)
+    src = textwrap.dedent(inspect.getsource(fn))
+    for old, new in edits:
+        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
+        src = src.replace(old, new)
+    namespace = dict(fn.__globals__)
+    exec(compile(src, f"<mutant of {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+def _launcher(kernel):
+    """launch(*args) with one thread per element of the last argument (the output)."""
+    return lambda *args: kernel[K._grid(args[-1].size)](*args)
+
+
+def check_maxpool_ties(rng, forward=K.maxpool2x2_forward, backward=K.maxpool2x2_backward):
+    """Max-pool on integer-valued data (most windows hold tied maxima, one
+    window four equal values): torch keeps the first maximum in row-major order
+    and routes the whole gradient to it; so must we."""
+    n, c, h, w = 2, 2, 5, 6
+    x = rng.integers(-2, 3, (n, c, h, w)).astype(np.float32)
+    x[0, 0, 0:2, 0:2] = 1.0
+    tx = _leaf(x)
+    ref, idx = F.max_pool2d(tx, 2, return_indices=True)
+    dy = random_array(tuple(ref.shape), np.float32, rng)
+    ref.backward(torch.from_numpy(dy.astype(np.float64)))
+    out, arg = guarded(tuple(ref.shape), np.float32), guarded(tuple(ref.shape), np.int32)
+    forward(cuda.to_device(x), out.array, arg.array)
+    check(out.array, ref.detach(), C.TOL, "maxpool forward (ties)")
+    check(arg.array.copy_to_host() % (h * w), idx.numpy().astype(np.int32),
+          name="maxpool argmax (ties: the first maximum wins)")
+    dx = guarded(x.shape, np.float32)
+    backward(cuda.to_device(dy), arg.array, dx.array)
+    check(dx.array, tx.grad, C.TOL, "maxpool backward (ties)")
+
+
+def check_argmax_ties(rng, argmax=K.argmax_rows):
+    """argmax_rows on integer-valued logits (tied maxima; row 0 all equal):
+    the first largest class, as numpy and torch give."""
+    logits = rng.integers(-2, 3, (37, 6)).astype(np.float32)
+    logits[0] = 1.0
+    out = guarded(37, np.int32)
+    argmax(cuda.to_device(logits), out.array)
+    out.check_untouched("argmax")
+    check(out.array, logits.argmax(1).astype(np.int32), name="argmax (ties: the first wins)")
+
+
+def check_relu_at_zero(rng, backward=K.relu_backward):
+    """ReLU backward where a third of the inputs are exactly 0 (and -0): torch's
+    gradient there is 0, so a kernel testing ``x >= 0`` fails."""
+    x = random_array((3, 4, 5), np.float32, rng)
+    x[rng.random(x.shape) < 0.35] = 0.0
+    x.flat[1] = -0.0
+    x.flat[0] = abs(x.flat[0]) + 0.1  # one open unit: the reference is not all zero
+    tx = _leaf(x)
+    dy = random_array(x.shape, np.float32, rng)
+    F.relu(tx).backward(torch.from_numpy(dy.astype(np.float64)))
+    dx = guarded(x.shape, np.float32)
+    backward(cuda.to_device(dy), cuda.to_device(x), dx.array)
+    check(dx.array, tx.grad, C.TOL, "relu backward at exactly 0")
+
+
+def check_log_softmax_extreme_rows(rng, forward=K.log_softmax_nll_forward):
+    """Log-softmax + NLL on rows near +800 and -800, past float64's exp range
+    (709): without the max subtraction exp overflows to inf (or, for the
+    negative rows, every term underflows to 0 and log(0) = -inf), on a GPU in
+    float32 and in the simulator, which computes exp in float64."""
+    n, classes = 5, 4
+    offsets = np.array([800.0, -800.0, 0.0, 760.0, -790.0])[:, None]
+    logits = (random_array((n, classes), np.float32, rng) * 2 + offsets).astype(np.float32)
+    labels = rng.integers(0, classes, n).astype(np.int32)
+    tl = _leaf(logits)
+    ref = F.cross_entropy(tl, torch.from_numpy(labels).long())
+    ref.backward()
+    ref_lp = F.log_softmax(torch.from_numpy(logits.astype(np.float64)), 1)
+    logprobs, rows = guarded((n, classes), np.float32), guarded(n, np.float32)
+    loss = guarded(1, np.float32)
+    l_ = cuda.to_device(logits)
+    y_ = cuda.to_device(labels)
+    forward(l_, y_, logprobs.array, rows.array, loss.array)
+    # A float32 log-sum-exp near 800 is off by a few eps32 * 800 (softmax_grad_tol).
+    abs_lse = 4 * float(np.finfo(np.float32).eps) * (800 + math.log(classes))
+    check(logprobs.array, ref_lp, max(C.TOL, abs_lse * math.sqrt(ref_lp.numel())
+                                      / float(ref_lp.norm())), "logprobs (rows near +-800)")
+    check(loss.array, ref.detach().reshape(1), max(C.TOL, abs_lse / float(ref.detach())),
+          "nll loss (rows near +-800)")
+    d = guarded((n, classes), np.float32)
+    K.log_softmax_nll_backward(logprobs.array, y_, d.array)
+    check(d.array, tl.grad, C.softmax_grad_tol(logits, tl.grad), "nll grad logits (rows near +-800)")
+
+
+def check_batchnorm_tiny_variance(rng, forward_train=K.batchnorm_forward_train,
+                                  forward_eval=K.batchnorm_forward_eval, eps=1e-5):
+    """Batchnorm where eps matters: channel 0's batch variance is ~1e-6 (std
+    1e-3, mean ~0, so no cancellation) and two running variances are 1e-7, all
+    below eps = 1e-5. Forgetting eps scales the output by sqrt(1 + eps/var),
+    3x or more here, where variances near 1 would hide it (1 + 5e-6)."""
+    n, c, h, w = 2, 3, 3, 5
+    x = random_array((n, c, h, w), np.float32, rng)
+    x[:, 0] *= 1e-3
+    gamma = random_array(c, np.float32, rng, 0.5, 2.0)
+    beta = random_array(c, np.float32, rng)
+    rm = random_array(c, np.float32, rng)
+    rv = random_array(c, np.float32, rng, 0.5, 2.0)
+    rv[[0, 2]] = 1e-7
+    tx, tg, tb, trm, trv = (torch.from_numpy(a.astype(np.float64))
+                            for a in (x, gamma, beta, rm, rv))
+    ref = F.batch_norm(tx, trm.clone(), trv.clone(), tg, tb, training=True, momentum=0.1,
+                       eps=eps)
+    x_, g_, b_ = (cuda.to_device(a) for a in (x, gamma, beta))
+    rm_, rv_ = cuda.to_device(rm), cuda.to_device(rv)
+    stats = [guarded(c, np.float32) for _ in range(2)]
+    xhat, y = guarded(x.shape, np.float32), guarded(x.shape, np.float32)
+    forward_train(x_, g_, b_, eps, 0.1, stats[0].array, stats[1].array, rm_, rv_, xhat.array,
+                  y.array)
+    check(y.array, ref, C.TOL, "batchnorm forward (batch variance below eps)")
+    check(stats[1].array, 1 / torch.sqrt(tx.var((0, 2, 3), unbiased=False) + eps), C.TOL,
+          "batchnorm invstd (batch variance below eps)")
+    ref_eval = F.batch_norm(tx, trm, trv, tg, tb, training=False, eps=eps)
+    y_eval = guarded(x.shape, np.float32)
+    forward_eval(x_, g_, b_, cuda.to_device(rm), cuda.to_device(rv), eps, y_eval.array)
+    check(y_eval.array, ref_eval, C.TOL, "batchnorm eval forward (running variance below eps)")
+
+
+def test_maxpool_ties_first_maximum_wins(rng):
+    check_maxpool_ties(rng)
+
+
+def test_maxpool_ties_check_catches_last_maximum(rng):
+    broken = _launcher(mutant(K.maxpool2x2_forward_naive, ("if v > best:", "if v >= best:")))
+    with pytest.raises(CheckError, match="argmax"):
+        check_maxpool_ties(rng, forward=broken)
+
+
+def test_argmax_rows_ties_first_wins(rng):
+    # FastCNN.predict launches this same kernel.
+    check_argmax_ties(rng)
+
+
+def test_argmax_ties_check_catches_last_maximum(rng):
+    broken = _launcher(mutant(K.argmax_rows_naive, ("if logits[n, c] > logits[n, best]:",
+                                                "if logits[n, c] >= logits[n, best]:")))
+    with pytest.raises(CheckError, match="argmax"):
+        check_argmax_ties(rng, argmax=broken)
+
+
+def test_relu_gradient_at_exact_zero(rng):
+    check_relu_at_zero(rng)
+
+
+def test_relu_zero_check_catches_greater_or_equal(rng):
+    broken = _launcher(mutant(K.relu_backward_naive, ("if x[i] > 0", "if x[i] >= 0")))
+    flat = K._flat
+    with pytest.raises(CheckError, match="relu backward"):
+        check_relu_at_zero(rng, backward=lambda dy, x, dx: broken(flat(dy), flat(x), flat(dx)))
+
+
+def test_log_softmax_rows_past_exp_range(rng):
+    check_log_softmax_extreme_rows(rng)
+
+
+def test_extreme_rows_check_catches_missing_max_subtraction(rng):
+    kernel = mutant(K.log_softmax_nll_forward_naive,
+                    ("s += math.exp(logits[n, c] - m)", "s += math.exp(logits[n, c])"),
+                    ("lse = m + math.log(s)", "lse = math.log(s)"))
+
+    def broken(logits, labels, logprobs, rows, loss):
+        kernel[K._grid(logits.shape[0])](logits, labels, logprobs, rows)
+        K.mean_naive[1, 1](rows, loss)
+
+    # A GPU returns inf (and the check fails); the simulator's math.exp and
+    # math.log raise instead of returning inf and -inf.
+    with pytest.raises((CheckError, OverflowError, ValueError)):
+        check_log_softmax_extreme_rows(rng, forward=broken)
+
+
+def test_batchnorm_variance_below_eps(rng):
+    check_batchnorm_tiny_variance(rng)
+
+
+def test_tiny_variance_check_catches_missing_eps_in_training(rng):
+    stats = mutant(K.batchnorm_stats_naive, ("math.sqrt(var + eps)", "math.sqrt(var)"))
+
+    def broken(x, gamma, beta, eps, momentum, mean, invstd, rm, rv, xhat, y):
+        stats[K._grid(mean.size)](x, eps, momentum, mean, invstd, rm, rv)
+        K.batchnorm_normalize_naive[K._grid(x.size)](x, mean, invstd, gamma, beta, xhat, y)
+
+    with pytest.raises(CheckError, match="batch variance below eps"):
+        check_batchnorm_tiny_variance(rng, forward_train=broken)
+
+
+def test_tiny_variance_check_catches_missing_eps_in_eval(rng):
+    kernel = mutant(K.batchnorm_eval_naive, ("math.sqrt(running_var[c] + eps)",
+                                             "math.sqrt(running_var[c])"))
+    with pytest.raises(CheckError, match="running variance below eps"):
+        check_batchnorm_tiny_variance(rng, forward_eval=lambda x, g, b, rm, rv, eps, y:
+                                      kernel[K._grid(x.size)](x, rm, rv, g, b, eps, y))
 
 
 # ---------------------------------------------------------------------------

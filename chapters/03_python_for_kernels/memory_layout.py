@@ -12,7 +12,7 @@ Run: python chapters/03_python_for_kernels/memory_layout.py [--out runs/03_pytho
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
 from common.harness import run_versions
-from common.timing import device_peaks, write_json
+from common.timing import device_peaks, readme_figures, write_json
 
 import argparse
 import sys
@@ -27,7 +27,7 @@ def show_flat_layout():
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     print("a = np.arange(12).reshape(3, 4), float32:")
     print(a)
-    print(f"  in memory (row-major, C order): {a.ravel(order='K').tolist()}")
+    print(f"  in memory (row-major, C order): {' '.join(f'{v:.0f}' for v in a.ravel(order='K'))}")
     print(f"  a.strides = {a.strides} bytes: +16 to go down a row, +4 to go right")
     i, j = 2, 1
     print(f"  a[{i}, {j}] = {a[i, j]:.0f} sits at flat position i * ncols + j = "
@@ -90,9 +90,12 @@ def main(argv=None):
         at_view.astype(np.float64), at_view.shape, np.float32, tol=0,
         nbytes=2 * 4 * at_view.size, title=f"reading A.T in a kernel ({rows}x{cols} float32)",
         peaks=peaks)
-    print("both versions checked: same values, only the memory order of the reads differs")
+    print("both versions checked against A.T (exact): same values, only the memory order "
+          "of the reads differs")
     if results[0].measured:
         print(f"  the strided read is {results[1].median_ms / results[0].median_ms:.1f}x slower")
+    else:
+        print(readme_figures(__file__).format())
     out_dir = Path(args.out)
     write_json(results, out_dir / "memory_layout.json", device=peaks["device"], n=n)
     print(f"wrote {out_dir / 'memory_layout.json'}")

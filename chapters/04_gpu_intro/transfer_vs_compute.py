@@ -18,7 +18,7 @@ Run: python chapters/04_gpu_intro/transfer_vs_compute.py [--out runs/04_gpu_intr
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
 from common.checking import check
-from common.timing import benchmark
+from common.timing import REPO_ROOT, SIMULATOR_NOTE, benchmark, readme_figures
 
 import argparse
 import json
@@ -77,7 +77,10 @@ def _cpu_ms(fn, repeats=3):
 
 
 def measure(op, n, rng):
-    """Check the kernel for op at size n; return a row of ms (None in the simulator)."""
+    """Check the kernel for op at size n against NumPy in float64.
+
+    Returns (relative error, a row of ms); the row is None in the simulator.
+    """
     kernel, cpu_fn = OPERATIONS[op]
     a_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
     b_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
@@ -93,14 +96,14 @@ def measure(op, n, rng):
     h2d()
     kernel[grid, threads](a, b, out)
     out.copy_to_host(out_host)
-    check(out_host, cpu_fn(a_host.astype(np.float64), b_host.astype(np.float64)), tol=1e-5,
-          name=f"{op} n={n}")
+    err = check(out_host, cpu_fn(a_host.astype(np.float64), b_host.astype(np.float64)), tol=1e-5,
+                name=f"{op} n={n}")
     t_h2d = benchmark(h2d, "H2D", repeats=5)
     t_kernel = benchmark(lambda: kernel[grid, threads](a, b, out), "kernel", repeats=10)
     t_d2h = benchmark(lambda: out.copy_to_host(out_host), "D2H", repeats=5)
     if not t_kernel.measured:
-        return None
-    return {"op": op, "n": n, "cpu_ms": _cpu_ms(lambda: cpu_fn(a_host, b_host)),
+        return err, None
+    return err, {"op": op, "n": n, "cpu_ms": _cpu_ms(lambda: cpu_fn(a_host, b_host)),
             "h2d_ms": t_h2d.median_ms, "kernel_ms": t_kernel.median_ms, "d2h_ms": t_d2h.median_ms}
 
 
@@ -148,14 +151,21 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     rows = []
     for op in OPERATIONS:
+        errors = []
         for n in sizes:
-            row = measure(op, n, rng)
+            err, row = measure(op, n, rng)
+            errors.append(err)
             if row is not None:
                 rows.append(row)
-        print(f"{op}: kernel checked against NumPy at n = {', '.join(f'{n:,}' for n in sizes)}")
+        print(f"{op}: kernel checked against NumPy in float64 at n = "
+              f"{', '.join(f'{n:,}' for n in sizes)}: rel. error <= {max(errors):.2g} "
+              "(tolerance 1e-5)")
     out_dir = Path(args.out)
     if not rows:
-        print("simulator: kernels checked; nothing timed, so no plot")
+        print(f"({SIMULATOR_NOTE}, so no plot)")
+        print(readme_figures(__file__).format())
+        plot_file = Path(__file__).resolve().with_name("transfer_vs_compute_h200.png")
+        print(f"  the plot of that run: {plot_file.relative_to(REPO_ROOT)}")
         return 0
     print(f"  {'op':<11} {'n':>12} {'CPU ms':>9} {'H2D ms':>9} {'kernel ms':>10} {'D2H ms':>9}")
     for r in rows:

@@ -6,16 +6,19 @@ version 2 count_above_atomic: cuda.atomic.add(counter, 0, 1), a read-modify-writ
           memory system performs as one indivisible step (CUDA C++ Programming Guide,
           "Atomic Functions")
 
-On a GPU version 1 is wrong on every run. In the simulator threads only race when
-switched finely, so the launches run inside common.runtime.interleaved_threads().
+On a GPU version 1 is wrong on every run. In the simulator the race detector
+(chapter 06) reports version 1's race on every launch; the counting runs that show
+the lost updates are marked as intentional races, and run inside
+common.runtime.interleaved_threads() so that simulated threads switch often.
 
 Run: python chapters/05_first_kernels/atomics_counter.py [--out runs/05_first_kernels]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, pick
+from common import ceil_div, is_simulator, pick
+from common.racecheck import RaceError, intentional_race
 from common.runtime import interleaved_threads
-from common.timing import benchmark, device_peaks, format_table, write_json
+from common.timing import benchmark, device_peaks, format_table, readme_figures, write_json
 
 import argparse
 import sys
@@ -62,30 +65,49 @@ def main(argv=None):
     threshold = 0.0
     expected = int((x_host > threshold).sum())
     x = cuda.to_device(x_host)
-    print(f"count of x > {threshold} over n = {n:,} normal samples; right answer {expected:,}")
+    print(f"count of x > {threshold:g} over n = {n:,} normal samples; right answer {expected:,} "
+          "(NumPy's count)")
+    print("version 1 races on purpose: counter[0] += 1 is a read, an add and a write, so two\n"
+          "  threads that read the same old value both write old + 1, and a count is lost")
+    print("on a GPU expect version 1 wrong in every run, with most updates lost; the simulator\n"
+          "  switches between its Python threads only every microsecond, so it loses fewer, and\n"
+          "  a run can come out right by chance")
+    if is_simulator():
+        try:
+            count(count_above_plain, x, threshold)
+            print("  the simulator's race detector missed version 1", file=sys.stderr)
+            return 1
+        except RaceError as e:
+            print(f"the simulator's race detector on version 1:\n  {e}")
     with interleaved_threads():
-        plain = [count(count_above_plain, x, threshold) for _ in range(runs)]
+        with intentional_race("version 1 is the lost-update demonstration"):
+            plain = [count(count_above_plain, x, threshold) for _ in range(runs)]
         atomic = [count(count_above_atomic, x, threshold) for _ in range(runs)]
     wrong = sum(c != expected for c in plain)
-    print(f"  plain +=        : {plain}  wrong in {wrong} of {runs} runs")
-    print(f"  cuda.atomic.add : {atomic}")
+    print(f"  1 plain +=        : {', '.join(f'{c:,}' for c in plain)}  "
+          f"(wrong in {wrong} of {runs} runs)")
     if any(c != expected for c in atomic):
+        print(f"  2 cuda.atomic.add : {', '.join(f'{c:,}' for c in atomic)}")
         print("FAILED: the atomic count is wrong", file=sys.stderr)
         return 1
-    print("  atomic count right in every run  OK")
+    print(f"  2 cuda.atomic.add : {expected:,} in every run  OK")
     if wrong == 0:
         print("  (the race did not show this time; it is still a bug)")
 
-    counter = cuda.to_device(np.zeros(1, dtype=np.int32))
-    grid, block = ceil_div(n, 256), 256
     peaks = device_peaks()
-    results = [
-        benchmark(lambda k=k: k[grid, block](x, np.float32(threshold), counter), name,
-                  nbytes=4 * n, peaks=peaks)
-        for name, k in (("1 plain += (wrong)", count_above_plain),
-                        ("2 cuda.atomic.add", count_above_atomic))
-    ]
-    print(format_table(results, title="cost of the atomic (half the threads hit one address)"))
+    results = []
+    if is_simulator():  # nothing to time here: the racing launches above are the demo
+        print(readme_figures(__file__).format())
+    else:
+        counter = cuda.to_device(np.zeros(1, dtype=np.int32))
+        grid, block = ceil_div(n, 256), 256
+        results = [
+            benchmark(lambda k=k: k[grid, block](x, np.float32(threshold), counter), name,
+                      nbytes=4 * n, peaks=peaks)
+            for name, k in (("1 plain += (wrong)", count_above_plain),
+                            ("2 cuda.atomic.add", count_above_atomic))
+        ]
+        print(format_table(results, title="cost of the atomic (half the threads hit one address)"))
     out_dir = Path(args.out)
     write_json(results, out_dir / "atomics_counter.json", device=peaks["device"], n=n,
                plain_counts=plain, atomic_counts=atomic, expected=expected)

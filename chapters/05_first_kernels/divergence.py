@@ -14,7 +14,7 @@ Run: python chapters/05_first_kernels/divergence.py [--out runs/05_first_kernels
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
 from common.harness import run_versions
-from common.timing import device_peaks, format_table, write_json
+from common.timing import device_peaks, format_table, readme_figures, write_json
 
 import argparse
 import sys
@@ -74,11 +74,13 @@ def main(argv=None):
             reference(x_host, group, iters), n, np.float32, tol=1e-5,
             flops=2 * iters * n, peaks=peaks, print_table=False)
     print(format_table(results, title=f"branch divergence: n = {n:,}, {iters} FMAs an element"))
-    print("every version checked against a float64 reference")
+    print("every version checked against a float64 reference (rel. error <= 1e-5)")
     uniform = results[4]  # group 32: one path a warp
     if uniform.measured:
         for r in results:
             print(f"  {r.name:<26} {r.median_ms / uniform.median_ms:5.2f}x the warp-uniform time")
+    else:
+        print(readme_figures(__file__).format())
     out_dir = Path(args.out)
     write_json(results, out_dir / "divergence.json", device=peaks["device"], n=n, iters=iters)
     print(f"wrote {out_dir / 'divergence.json'}")

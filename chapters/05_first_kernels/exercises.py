@@ -55,6 +55,9 @@ def map_2d_kernel(x, out):
 def map_2d(x, out, block=(16, 16)):
     """Exercise 5.2: ``out[r, c] = 2 * x[r, c] + c - r`` for a 2-D float32 array.
 
+    Compute in float32: in a kernel an int (``2``, ``c - r``) times or plus a float32
+    is a float64, so write ``np.float32(2)`` and ``np.float32(c - r)``.
+
     Args:
         x, out: float32 device arrays of shape (rows, cols), any sizes >= 1.
         block: (threads in x, threads in y); thread x-index walks columns, y-index rows.

@@ -59,7 +59,7 @@ def main(argv=None):
     global_index_1d[ceil_div(n, threads), threads](out)
     check(out, np.arange(n, dtype=np.int32), name="global_index_1d")
     print(f"global_index_1d: {ceil_div(n, threads)} blocks x {threads} threads cover "
-          f"{n} elements: {out.copy_to_host().tolist()}  OK")
+          f"{n} elements: {' '.join(map(str, out.copy_to_host()))}  OK")
 
     rows, cols, block = 5, 7, (4, 2)
     r_out, c_out = poisoned((rows, cols), np.int32), poisoned((rows, cols), np.int32)
@@ -69,7 +69,7 @@ def main(argv=None):
     check(r_out, r_ref, name="row index")
     check(c_out, c_ref, name="column index")
     print(f"global_index_2d: grid {grid} of blocks {block} covers a {rows}x{cols} array  OK")
-    print("row index of each element:\n", r_out.copy_to_host())
+    print(f"row index of each element:\n{r_out.copy_to_host()}")
     return 0
 
 

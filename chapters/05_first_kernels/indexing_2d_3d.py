@@ -10,7 +10,7 @@ Run: python chapters/05_first_kernels/indexing_2d_3d.py [--out runs/05_first_ker
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
 from common.harness import run_versions
-from common.timing import device_peaks, write_json
+from common.timing import device_peaks, format_table, readme_figures, write_json
 
 import argparse
 import sys
@@ -94,7 +94,8 @@ def main(argv=None):
         {f"1 rgb_to_gray_2d, block {block}":
             lambda out: rgb_to_gray_2d[grid_2d(h, w, block), block](img, weights, out)},
         rgb_to_gray_reference(img_host), (h, w), np.float32, tol=1e-6,
-        nbytes=16 * h * w, title=f"RGB -> gray, {h}x{w} image", peaks=peaks)
+        nbytes=16 * h * w, peaks=peaks, print_table=False)
+    sizes = [f"RGB -> gray {h}x{w} image"]
 
     m, k, n = pick(gpu=(2048, 2048, 2048), simulator=(17, 9, 13))
     a_host = rng.standard_normal((m, k)).astype(np.float32)
@@ -106,7 +107,8 @@ def main(argv=None):
             lambda out, bl=block: matmul_naive[grid_2d(m, n, bl), bl](a, b, out))
     results += run_versions(
         versions, a_host.astype(np.float64) @ b_host, (m, n), np.float32, tol=1e-5,
-        flops=2 * m * n * k, title=f"matmul {m}x{k} @ {k}x{n}", peaks=peaks)
+        flops=2 * m * n * k, peaks=peaks, print_table=False)
+    sizes.append(f"matmul {m}x{k} @ {k}x{n}")
 
     batch, m, k, n = pick(gpu=(32, 512, 512, 512), simulator=(3, 7, 5, 9))
     a_host = rng.standard_normal((batch, m, k)).astype(np.float32)
@@ -117,9 +119,12 @@ def main(argv=None):
     results += run_versions(
         {f"3 batched_matmul_naive, grid {grid}": lambda out: batched_matmul_naive[grid, block](a, b, out)},
         np.matmul(a_host.astype(np.float64), b_host), (batch, m, n), np.float32, tol=1e-5,
-        flops=2 * batch * m * n * k, title=f"batched matmul {batch} x ({m}x{k} @ {k}x{n})",
-        peaks=peaks)
-    print("every version checked against a float64 NumPy reference")
+        flops=2 * batch * m * n * k, peaks=peaks, print_table=False)
+    sizes.append(f"batched matmul {batch} x ({m}x{k} @ {k}x{n})")
+    print(format_table(results, title="; ".join(sizes)))
+    print("every version checked against a float64 NumPy reference (rel. error <= 1e-5)")
+    if not results[0].measured:
+        print(readme_figures(__file__).format())
     out_dir = Path(args.out)
     write_json(results, out_dir / "indexing_2d_3d.json", device=peaks["device"])
     print(f"wrote {out_dir / 'indexing_2d_3d.json'}")

@@ -14,6 +14,7 @@ Run: python chapters/05_first_kernels/out_of_bounds.py
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator
 from common.checking import CheckError, check, guarded, poison_value
+from common.timing import readme_figures
 
 import argparse
 import sys
@@ -75,7 +76,7 @@ def main(argv=None):
     print(f"fill_index_unchecked, n = {n}, {ceil_div(n, threads)} blocks of {threads} "
           f"= {ceil_div(n, threads) * threads} threads ({'simulator' if is_simulator() else 'GPU'}):")
     outcome = launch_without_bounds_check(n, threads)
-    print("  ", outcome)
+    print(f"  {outcome}")
     expected = "IndexError" if is_simulator() else "no error raised; "
     if not outcome.startswith(expected) or outcome.startswith("no error raised; 0 "):
         print(f"expected {expected!r} here", file=sys.stderr)
@@ -86,6 +87,8 @@ def main(argv=None):
     check(g.array, np.arange(n, dtype=np.float64), name="fill_index_checked")
     g.check_untouched("fill_index_checked")
     print("fill_index_checked: output right, guard cells untouched  OK")
+    if is_simulator():  # show what the same launch does where nothing checks the index
+        print(readme_figures(__file__).format())
     return 0
 
 

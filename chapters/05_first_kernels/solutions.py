@@ -47,11 +47,15 @@ def scaled_add(alpha, x, y, out, threads_per_block=128):
 def map_2d_kernel(x, out):
     c, r = cuda.grid(2)  # x-dimension -> column: neighbouring threads touch neighbouring memory
     if r < out.shape[0] and c < out.shape[1]:
-        out[r, c] = 2 * x[r, c] + c - r
+        # float32 throughout: an int (2, c - r) mixed with a float32 is a float64 in Numba
+        out[r, c] = np.float32(2) * x[r, c] + np.float32(c - r)
 
 
 def map_2d(x, out, block=(16, 16)):
     """Exercise 5.2: ``out[r, c] = 2 * x[r, c] + c - r`` for a 2-D float32 array.
+
+    Compute in float32: in a kernel an int (``2``, ``c - r``) times or plus a float32
+    is a float64, so write ``np.float32(2)`` and ``np.float32(c - r)``.
 
     Args:
         x, out: float32 device arrays of shape (rows, cols), any sizes >= 1.

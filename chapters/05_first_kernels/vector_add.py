@@ -15,7 +15,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator, pick
 from common.checking import check, require_device_array
 from common.harness import run_versions
-from common.timing import device_peaks, write_json
+from common.timing import device_peaks, readme_figures, write_json
 
 import argparse
 import statistics
@@ -111,9 +111,11 @@ def main(argv=None):
     out_np = np.empty(n, np.float32)
     np_ms = _cpu_ms(lambda: np.add(a_host, b_host, out=out_np), 5)
     check(out_np, reference, tol=1e-6, name="numpy")
-    print(f"vector add, n = {n:,} float32 ({nbytes / 1e6:.1f} MB moved per call)")
-    print(f"  CPU python loop : {py_ms:10.2f} ms (timed on {m:,} elements, scaled)  checked")
-    print(f"  CPU numpy       : {np_ms:10.3f} ms  {nbytes / np_ms / 1e6:8.1f} GB/s      checked")
+    moved = f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes:,} bytes"
+    print(f"vector add, n = {n:,} float32 ({moved} moved per call); every version is checked "
+          "against the float64 reference (rel. error <= 1e-6)")
+    print(f"  CPU python loop : {py_ms:10.2f} ms (timed on {m:,} elements, scaled)")
+    print(f"  CPU numpy       : {np_ms:10.3f} ms  {nbytes / np_ms / 1e6:8.1f} GB/s")
 
     a, b = cuda.to_device(a_host), cuda.to_device(b_host)
     peaks = device_peaks()
@@ -123,13 +125,14 @@ def main(argv=None):
         versions[f"2 naive, block {threads}"] = (
             lambda out, t=threads: add_naive(a, b, out, threads_per_block=t))
     versions[f"3 grid-stride, {blocks}x256"] = lambda out: add_grid_stride(a, b, out, blocks)
+    title = "vector add, kernels" + ("" if is_simulator() else f" on {peaks['device']}")
     results = run_versions(versions, reference, n, np.float32, tol=1e-6, nbytes=nbytes,
-                           title=f"vector add on {peaks['device']}", peaks=peaks)
-    print("every version checked against the float64 reference (rel. error <= 1e-6)")
-    for r in results:
-        if r.measured:
-            print(f"  {r.name:<28} {r.gbps:7.0f} GB/s = {100 * r.fraction_of_copy_peak:5.1f}% "
-                  f"of the device copy bandwidth ({peaks['copy_gbps']:.0f} GB/s)")
+                           title=title, peaks=peaks)
+    if results[0].measured:
+        print(f"%copy: share of the device's copy bandwidth, {peaks['copy_gbps']:,.0f} GB/s "
+              "(vector add's speed of light)")
+    else:
+        print(readme_figures(__file__).format())
     out_dir = Path(args.out)
     write_json(results, out_dir / "vector_add.json", device=peaks["device"], n=n,
                copy_gbps=peaks["copy_gbps"], cpu_python_ms=py_ms, cpu_numpy_ms=np_ms)

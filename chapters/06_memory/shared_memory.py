@@ -13,7 +13,8 @@ Run: python chapters/06_memory/shared_memory.py [--out DIR]
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import poisoned, random_array
 from common.harness import run_versions
-from common.runtime import ceil_div, interleaved_threads, pick
+from common.racecheck import RaceError, intentional_race
+from common.runtime import ceil_div, interleaved_threads, is_simulator, pick
 
 import sys
 
@@ -115,10 +116,20 @@ def race_demo(n: int | None = None, trials: int = 5) -> list[int]:
     for _ in range(trials):
         x_host = random_array(n, np.float32, rng)
         out = poisoned(n - 1)
-        with interleaved_threads():
+        with interleaved_threads(), intentional_race("version 2 is this script's race demo"):
             shift_left(shift_left_smem_no_barrier, cuda.to_device(x_host), out)
         wrong.append(int(np.count_nonzero(out.copy_to_host() != x_host[1:])))
     return wrong
+
+
+def race_report() -> str:
+    """The simulator race detector's report on version 2 (common/racecheck.py)."""
+    x = cuda.to_device(random_array(BLOCK + 1, np.float32, np.random.default_rng(2)))
+    try:
+        shift_left(shift_left_smem_no_barrier, x, poisoned(BLOCK))
+    except RaceError as e:
+        return str(e)
+    raise AssertionError("the race detector missed version 2's missing barrier")
 
 
 def run(n: int | None = None) -> list:
@@ -136,6 +147,8 @@ def run(n: int | None = None) -> list:
         reference=shift_left_cpu(x_host), out_shape=n - 1, tol=0.0,
         nbytes=2 * 4 * (n - 1), title=f"shift left by one, n = {n}",
     )
+    if is_simulator():
+        print(f"version 2 in the simulator's race detector:\n  {race_report()}")
     trials = 5
     wrong = race_demo(trials=trials)
     runs_wrong = sum(w > 0 for w in wrong)

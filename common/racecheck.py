@@ -1,0 +1,573 @@
+"""A deterministic race detector for Numba's CUDA simulator.
+
+On a GPU, ``compute-sanitizer --tool racecheck`` reports shared-memory hazards:
+two threads of a block touch the same element between two barriers and at least
+one of them writes. The simulator sees every array access a kernel makes, so it
+can do the same, for shared *and* global memory, and it does it on every launch
+(tests, exercises, chapter scripts), not only when someone thinks of asking.
+
+How it works
+------------
+Each access to a kernel argument (global memory) or a ``cuda.shared.array`` is
+recorded per element (by its byte address, so views and slices of one buffer
+are the same memory) with the thread, its block, the thread's *epoch* (how many
+``cuda.syncthreads()`` it has passed), whether it was part of a
+``cuda.atomic.*`` call, and the source line. Two accesses by different threads
+to one element *conflict* when at least one writes and they are not both
+atomic. A conflict is a race unless the two are *ordered*:
+
+* same block, different epochs: a barrier separates them;
+* different blocks (or no barrier between): the writer ran
+  ``cuda.threadfence()`` after its write and then it, or a thread of its block
+  after a barrier, made an atomic call (a *release*), and the other thread made
+  an atomic call after that release (an *acquire*), itself or a thread of its
+  block before a barrier it then passed. This is the last-block pattern:
+  partials, a fence, an atomic ticket, the last block reads them.
+
+The decision depends only on *which* accesses happen, never on the order the
+simulated threads happened to run in, so a race is reported on every run, not
+by luck: a plain ``h[b] += 1`` from two threads is two reads and two writes of
+one element, unordered, and is reported however the threads interleave. Blocks
+run one after another in the simulator, so their updates are never actually
+lost there; the detector reports them anyway, because on a GPU they are.
+
+The report names the kernel, the array, the element, the two threads (block and
+thread index) and both source lines, and says what usually fixes it.
+
+What it cannot see: races inside warp-synchronous code that relies on lanes
+running in lockstep (the simulator has no warps; on a Volta or newer GPU such
+code is racy without ``cuda.syncwarp()`` anyway), accesses through record
+fields, and memory shared between two launches (those are ordered). Kernels
+that race on purpose (a demonstration of a lost update) say so with
+:func:`intentional_race`.
+
+Switch it off for speed with ``COURSE_RACECHECK=0``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import linecache
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .checking import CheckError
+
+ENABLED = os.environ.get("COURSE_RACECHECK", "1").strip() not in ("0", "off", "no", "false")
+
+
+class RaceError(CheckError):
+    """Two threads of one launch touched the same element, unordered, and one wrote."""
+
+    def __init__(self, message: str = "") -> None:
+        # The simulator re-raises a thread's exception as type(e)("tid=[..] ctaid=[..]: "
+        # + message); the report names the threads already.
+        super().__init__(re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message))
+
+
+_launch: _Launch | None = None
+_allowed: list[str] = []
+_state_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def intentional_race(reason: str) -> Iterator[None]:
+    """Launches inside this block are not checked for races; ``reason`` says why.
+
+    For demonstrations only (chapter 05's lost-update counter): a kernel the
+    course wants to race, to show what a race does.
+    """
+    if not reason:
+        raise ValueError("say why this launch may race")
+    _allowed.append(reason)
+    try:
+        yield
+    finally:
+        _allowed.pop()
+
+
+# --------------------------------------------------------------------------
+# Per-launch state
+# --------------------------------------------------------------------------
+
+
+class _Thread:
+    """What the detector knows about one simulated CUDA thread."""
+
+    __slots__ = ("block", "thread", "epoch", "fences", "acquire", "launch")
+
+    def __init__(self, block: tuple[int, int, int], thread: tuple[int, int, int]) -> None:
+        self.block = block
+        self.thread = thread
+        self.epoch = 0
+        self.fences: list[tuple[int, int]] = []  # (time, epoch) of each threadfence
+        self.acquire = -1  # time of the latest atomic this thread is ordered after
+        self.launch: _Launch | None = None
+
+    def name(self) -> str:
+        b, t = self.block, self.thread
+        return f"thread ({t[0]},{t[1]},{t[2]}) of block ({b[0]},{b[1]},{b[2]})"
+
+
+class _Block:
+    __slots__ = ("releases", "barrier_acquire")
+
+    def __init__(self) -> None:
+        self.releases: list[tuple[_Thread, int, int]] = []  # (thread, epoch, time)
+        self.barrier_acquire: dict[int, int] = {}
+
+
+class _Access:
+    __slots__ = ("who", "time", "epoch", "atomic", "line", "write", "update")
+
+    def __init__(self, who: _Thread, time: int, epoch: int, atomic: bool,
+                 line: tuple[str, int], write: bool, update: bool = False) -> None:
+        self.who = who
+        self.time = time
+        self.epoch = epoch
+        self.atomic = atomic
+        self.line = line
+        self.write = write
+        self.update = update  # a write by a thread that read the element first
+
+
+class _Element:
+    __slots__ = ("write", "reads")
+
+    def __init__(self) -> None:
+        self.write: _Access | None = None
+        self.reads: dict[_Thread, _Access] = {}
+
+
+class _Launch:
+    def __init__(self, kernel: Any, args: tuple[Any, ...]) -> None:
+        self.kernel = getattr(kernel, "__name__", str(kernel))
+        self.clock = itertools.count()
+        self.lock = threading.Lock()
+        self.global_mem: dict[int, _Element] = {}
+        self.shared_mem: dict[int, _Element] = {}
+        self.blocks: dict[tuple[int, int, int], _Block] = {}
+        self.bases: dict[int, tuple[Any, int]] = {}
+
+    def base(self, ary: np.ndarray) -> int:
+        key = id(ary)
+        hit = self.bases.get(key)
+        if hit is None:
+            hit = (ary, ary.__array_interface__["data"][0])
+            self.bases[key] = hit  # keeps `ary` alive, so its id is not reused
+        return hit[1]
+
+    def block(self, who: _Thread) -> _Block:
+        b = self.blocks.get(who.block)
+        if b is None:
+            b = self.blocks[who.block] = _Block()
+        return b
+
+
+def _host_array(arg: Any) -> np.ndarray | None:
+    if isinstance(arg, np.ndarray):
+        return arg
+    ary = getattr(arg, "_ary", None)
+    return ary if isinstance(ary, np.ndarray) else None
+
+
+def _me() -> _Thread | None:
+    """The calling simulated thread's state in the current launch, or None (the host,
+    or a thread left over from an earlier launch that raised)."""
+    t = threading.current_thread()
+    state = getattr(t, "_race_state", None)
+    if state is None:
+        idx = getattr(t, "threadIdx", None)
+        if idx is None or _launch is None:
+            return None
+        state = _Thread(tuple(t.blockIdx), tuple(idx))
+        state.launch = _launch
+        t._race_state = state
+    return state if state.launch is _launch else None
+
+
+def _address(launch: _Launch, ary: np.ndarray, idx: Any) -> int | None:
+    """Byte address of ``ary[idx]`` for an integer index; None for anything else."""
+    if type(idx) is not tuple:
+        idx = (idx,)
+    if len(idx) != ary.ndim:
+        return None
+    addr = launch.base(ary)
+    for i, n, s in zip(idx, ary.shape, ary.strides):
+        try:
+            i = int(i)
+        except TypeError:
+            return None
+        if i < 0:
+            i += n
+        addr += i * s
+    return addr
+
+
+def _ordered(p: _Access, a_who: _Thread, a_epoch: int, launch: _Launch) -> bool:
+    """True if access ``p`` happens before an access by ``a_who`` in ``a_epoch``."""
+    if p.who is a_who:
+        return True
+    if p.who.block == a_who.block and p.epoch != a_epoch:
+        return True  # a barrier between them
+    if a_who.acquire < 0:
+        return False
+    # Released: the writer fenced after p, then it (or, after a barrier, a thread of
+    # its block) made an atomic call before the other thread's acquire.
+    for f_time, f_epoch in p.who.fences:
+        if f_time <= p.time:
+            continue
+        for releaser, r_epoch, r_time in launch.block(p.who).releases:
+            if r_time >= a_who.acquire:
+                break
+            if r_time > f_time and (releaser is p.who or r_epoch > f_epoch):
+                return True
+        return False
+    return False
+
+
+def _line(depth: int) -> tuple[str, int]:
+    f = sys._getframe(depth)
+    return f.f_code.co_filename, f.f_lineno
+
+
+def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3) -> None:
+    """Record one access to ``ary[idx]`` by the calling simulated thread; raise on a race."""
+    __tracebackhide__ = True
+    launch = _launch
+    if launch is None or _allowed:
+        return
+    who = _me()
+    if who is None:
+        return
+    addr = _address(launch, ary, idx)
+    if addr is None:
+        return
+    atomic = getattr(threading.current_thread(), "_race_atomic", False)
+    if atomic:
+        depth += 2  # the atomic's own two frames
+    line = _line(depth)
+    with launch.lock:
+        mem = launch.shared_mem if shared else launch.global_mem
+        el = mem.get(addr)
+        if el is None:
+            el = mem[addr] = _Element()
+        now = next(launch.clock)
+        epoch = who.epoch
+        w = el.write
+        mine = el.reads.get(who)
+        update = write and mine is not None and mine.epoch == epoch
+        if w is not None and w.who is not who and not (w.atomic and atomic) \
+                and (shared or not write or w.update or update) \
+                and not _ordered(w, who, epoch, launch):
+            # In global memory two plain stores to one element are reported only
+            # when one of them is an update (a lost `+=`): the same value stored by
+            # many threads (a flag) is a common, benign pattern there.
+            _report(launch, w, who, line, write, update, sys._getframe(depth - 1),
+                    addr, shared, ary, idx)
+        if write:
+            for r in el.reads.values():
+                if r.who is not who and not (r.atomic and atomic) \
+                        and not _ordered(r, who, epoch, launch):
+                    _report(launch, r, who, line, write, update, sys._getframe(depth - 1),
+                            addr, shared, ary, idx)
+            el.write = _Access(who, now, epoch, atomic, line, True, update)
+            el.reads = {}
+        else:
+            el.reads[who] = _Access(who, now, epoch, atomic, line, False)
+
+
+def _array_of(value: Any) -> np.ndarray | None:
+    if isinstance(value, SharedArray):
+        return value._ary
+    item = getattr(value, "_item", None)  # the simulator's in-kernel array wrapper
+    if item is not None:
+        return _host_array(item)
+    return value if isinstance(value, np.ndarray) else None
+
+
+def _where(frame: Any, addr: int, ary: np.ndarray, idx: Any, shared: bool) -> str:
+    """``name[i, j]``: the kernel's variable holding the element, found in its frame."""
+    index = idx if type(idx) is tuple else (idx,)
+    candidates = []
+    while frame is not None and len(candidates) < 1:
+        for name, value in frame.f_locals.items():
+            a = _array_of(value)
+            if a is None or not a.size:
+                continue
+            start = a.__array_interface__["data"][0]
+            if a is ary:
+                return f"{name}[{', '.join(str(int(i)) for i in index)}]"
+            if start <= addr < start + a.nbytes and a.flags.c_contiguous:
+                k = (addr - start) // a.itemsize
+                pos = np.unravel_index(k, a.shape)
+                candidates.append(f"{name}[{', '.join(str(int(v)) for v in pos)}]")
+        frame = frame.f_back
+    if candidates:
+        return candidates[0]
+    kind = "a shared array" if shared else "an array"
+    return f"{kind}[{', '.join(str(int(i)) for i in index)}]"
+
+
+def _short(line: tuple[str, int]) -> str:
+    return f"{os.path.basename(line[0])}:{line[1]}"
+
+
+def _tid(t: _Thread) -> str:
+    return "({},{},{})".format(*t.thread)
+
+
+def _report(launch: _Launch, p: _Access, who: _Thread, line: tuple[str, int], write: bool,
+            update: bool, frame: Any, addr: int, shared: bool, ary: np.ndarray,
+            idx: Any) -> None:
+    __tracebackhide__ = True
+    where = _where(frame, addr, ary, idx, shared)
+    same_block = p.who.block == who.block
+    if same_block:
+        threads = f"threads {_tid(p.who)} and {_tid(who)} of block ({','.join(map(str, who.block))})"
+    else:
+        threads = f"{p.who.name()} and {who.name()}"
+    lines = _short(p.line) if p.line == line else f"{_short(p.line)} and {_short(line)}"
+    updates = (p.update or _is_update(p.line)) and (update or _is_update(line))
+    if updates or (p.write and write):
+        verb = "updated" if updates else "wrote"
+        barrier = " between two barriers" if same_block else ""
+        what = f"{threads} both {verb} {where} without an atomic{barrier} ({lines})"
+        if updates:
+            hint = "a `+=` from several threads loses updates: use cuda.atomic.add"
+            if shared:
+                hint += (", or give each thread its own element and combine them after "
+                         "cuda.syncthreads()")
+        else:
+            hint = ("each element should have one writer: check the index arithmetic, "
+                    "or use cuda.atomic.* if several threads must combine into it")
+    else:
+        first, second = ("wrote", "read") if p.write else ("read", "wrote")
+        what = f"{threads}: the first {first} {where}, the second {second} it ({lines})"
+        if same_block:
+            hint = ("with no cuda.syncthreads() between the two, the read may see the old "
+                    "or the new value: put a barrier between the write and the read (and "
+                    "one before the element is overwritten)")
+        else:
+            hint = ("blocks run in any order on a GPU, so a block cannot rely on what "
+                    "another block writes in the same launch: split the work into two "
+                    "launches, or publish with cuda.threadfence() and an atomic ticket")
+    kind = "shared" if shared else "global"
+    raise RaceError(f"race in kernel {launch.kernel} ({kind} memory): {what}; {hint}")
+
+
+_UPDATE = re.compile(r"(\+=|-=|\*=|/=|\|=|&=|\^=|max\(|min\()")
+
+
+def _is_update(line: tuple[str, int]) -> bool:
+    return bool(_UPDATE.search(linecache.getline(*line)))
+
+
+# --------------------------------------------------------------------------
+# Events: barriers, fences, atomics, block starts, launches
+# --------------------------------------------------------------------------
+
+
+def on_barrier_arrive() -> None:
+    launch = _launch
+    who = _me()
+    if launch is None or who is None:
+        return
+    with launch.lock:
+        blk = launch.block(who)
+        prev = blk.barrier_acquire.get(who.epoch, -1)
+        blk.barrier_acquire[who.epoch] = max(prev, who.acquire)
+
+
+def on_barrier_leave() -> None:
+    launch = _launch
+    who = _me()
+    if launch is None or who is None:
+        return
+    with launch.lock:
+        blk = launch.block(who)
+        who.acquire = max(who.acquire, blk.barrier_acquire.get(who.epoch, -1))
+        who.epoch += 1
+
+
+def on_fence() -> None:
+    launch = _launch
+    who = _me()
+    if launch is None or who is None:
+        return
+    with launch.lock:
+        who.fences.append((next(launch.clock), who.epoch))
+
+
+def on_atomic_done() -> None:
+    launch = _launch
+    who = _me()
+    if launch is None or who is None:
+        return
+    with launch.lock:
+        now = next(launch.clock)
+        who.acquire = now
+        # Every atomic may release what this thread (or its block, before a barrier)
+        # fenced; _ordered decides whether a given write was covered.
+        launch.block(who).releases.append((who, who.epoch, now))
+
+
+def on_block_start() -> None:
+    """Shared memory is per block: a new block starts with none recorded."""
+    launch = _launch
+    if launch is not None:
+        with launch.lock:
+            launch.shared_mem.clear()
+
+
+@contextlib.contextmanager
+def launch(kernel: Any, args: tuple[Any, ...]) -> Iterator[None]:
+    """Check one top-level kernel launch for races (no-op when switched off)."""
+    global _launch
+    if not ENABLED or _allowed:
+        yield
+        return
+    with _state_lock:
+        _launch = _Launch(kernel, args)
+    try:
+        yield
+    finally:
+        _launch = None
+
+
+# --------------------------------------------------------------------------
+# Shared arrays: a thin proxy that records element accesses
+# --------------------------------------------------------------------------
+
+
+class SharedArray:
+    """A block's ``cuda.shared.array`` in the simulator: an ndarray whose element
+    reads and writes are recorded for the race detector."""
+
+    __slots__ = ("_ary",)
+
+    def __init__(self, ary: np.ndarray) -> None:
+        self._ary = ary
+
+    def __getitem__(self, idx: Any) -> Any:
+        __tracebackhide__ = True
+        ret = self._ary[idx]
+        if type(ret) is np.ndarray:
+            return SharedArray(ret)
+        record(self._ary, idx, False, True)
+        return ret
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        __tracebackhide__ = True
+        self._ary[idx] = value
+        record(self._ary, idx, True, True)
+
+    def __len__(self) -> int:
+        return len(self._ary)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self._ary if dtype is None else self._ary.astype(dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ary, name)
+
+    def __repr__(self) -> str:
+        return f"SharedArray({self._ary!r})"
+
+
+def install() -> None:
+    """Hook the detector into the simulator's arrays, barriers, fences and atomics."""
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator import kernelapi as sim_api
+    from numba.cuda.simulator.cudadrv import devicearray as sim_da
+
+    wrapper = sim_da.FakeWithinKernelCUDAArray
+    if getattr(wrapper, "_course_racecheck", False):
+        return
+    fake_array = sim_da.FakeCUDAArray
+
+    def getitem(self: Any, idx: Any) -> Any:
+        __tracebackhide__ = True
+        item = self._item
+        ret = item._ary[idx]
+        t = type(ret)
+        if t is np.ndarray or t is np.void:
+            return wrapper(fake_array(ret, stream=item.stream))
+        if _launch is not None:
+            record(item._ary, idx, False, False)
+        return ret
+
+    def setitem(self: Any, idx: Any, value: Any) -> None:
+        __tracebackhide__ = True
+        ary = self._item._ary
+        ary[idx] = value
+        if _launch is not None:
+            record(ary, idx, True, False)
+
+    wrapper.__getitem__ = getitem
+    wrapper.__setitem__ = setitem
+
+    thread_cls = sim_kernel.BlockThread
+    original_sync = thread_cls.syncthreads
+
+    def syncthreads(self: Any) -> None:
+        __tracebackhide__ = True
+        on_barrier_arrive()
+        original_sync(self)
+        on_barrier_leave()
+
+    thread_cls.syncthreads = syncthreads
+
+    original_run = sim_kernel.BlockManager.run
+
+    def run(self: Any, grid_point: Any, *args: Any) -> Any:
+        __tracebackhide__ = True
+        on_block_start()
+        before = set(threading.enumerate())
+        try:
+            return original_run(self, grid_point, *args)
+        except BaseException:
+            # The simulator leaves the other threads of a failed block running (its
+            # abort only stops them at their next barrier). Let them finish, so they
+            # cannot touch the next launch's arrays, state, or swapped `cuda` module.
+            for t in set(threading.enumerate()) - before:
+                if isinstance(t, thread_cls):
+                    t.join(timeout=10)
+            raise
+
+    sim_kernel.BlockManager.run = run
+
+    module_cls = sim_api.FakeCUDAModule
+    original_fence = module_cls.threadfence
+
+    def threadfence(self: Any) -> None:
+        __tracebackhide__ = True
+        original_fence(self)
+        on_fence()
+
+    module_cls.threadfence = threadfence
+
+    atomic_cls = sim_api.FakeCUDAAtomic
+    for name in ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min",
+                 "nanmax", "nanmin", "compare_and_swap", "cas"):
+        original = getattr(atomic_cls, name)
+
+        def atomic(self: Any, *args: Any, _original: Any = original) -> Any:
+            __tracebackhide__ = True
+            t = threading.current_thread()
+            t._race_atomic = True
+            try:
+                return _original(self, *args)
+            finally:
+                t._race_atomic = False
+                on_atomic_done()
+
+        setattr(atomic_cls, name, atomic)
+    wrapper._course_racecheck = True
