@@ -75,6 +75,25 @@ class RaceError(CheckError):
 _launch: _Launch | None = None
 _allowed: list[str] = []
 _state_lock = threading.Lock()
+_first_launches_only = False
+_checked_kernels: set[Any] = set()
+
+
+@contextlib.contextmanager
+def first_launch_of_each_kernel() -> Iterator[None]:
+    """Inside this block only the first launch of each kernel is checked.
+
+    For long runs of the same kernels (the capstone's training loop in the
+    simulator): checking costs several times the launch itself, and a kernel's
+    races show on its first launch unless they depend on the data.
+    """
+    global _first_launches_only
+    previous = _first_launches_only
+    _first_launches_only = True
+    try:
+        yield
+    finally:
+        _first_launches_only = previous
 
 
 @contextlib.contextmanager
@@ -150,7 +169,8 @@ class _Launch:
     def __init__(self, kernel: Any, args: tuple[Any, ...]) -> None:
         self.kernel = getattr(kernel, "__name__", str(kernel))
         self.clock = itertools.count()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # for the rare events: barriers, fences, atomics
+        self.log: list[tuple[Any, ...]] = []
         self.global_mem: dict[int, _Element] = {}
         self.shared_mem: dict[int, _Element] = {}
         self.blocks: dict[tuple[int, int, int], _Block] = {}
@@ -211,13 +231,14 @@ def _address(launch: _Launch, ary: np.ndarray, idx: Any) -> int | None:
     return addr
 
 
-def _ordered(p: _Access, a_who: _Thread, a_epoch: int, launch: _Launch) -> bool:
-    """True if access ``p`` happens before an access by ``a_who`` in ``a_epoch``."""
+def _ordered(p: _Access, a_who: _Thread, a_epoch: int, a_acquire: int, launch: _Launch) -> bool:
+    """True if access ``p`` happens before an access by ``a_who`` in ``a_epoch``,
+    made when ``a_who`` was ordered after the atomics up to time ``a_acquire``."""
     if p.who is a_who:
         return True
     if p.who.block == a_who.block and p.epoch != a_epoch:
         return True  # a barrier between them
-    if a_who.acquire < 0:
+    if a_acquire < 0:
         return False
     # Released: the writer fenced after p, then it (or, after a barrier, a thread of
     # its block) made an atomic call before the other thread's acquire.
@@ -225,7 +246,7 @@ def _ordered(p: _Access, a_who: _Thread, a_epoch: int, launch: _Launch) -> bool:
         if f_time <= p.time:
             continue
         for releaser, r_epoch, r_time in launch.block(p.who).releases:
-            if r_time >= a_who.acquire:
+            if r_time >= a_acquire:
                 break
             if r_time > f_time and (releaser is p.who or r_epoch > f_epoch):
                 return True
@@ -233,14 +254,15 @@ def _ordered(p: _Access, a_who: _Thread, a_epoch: int, launch: _Launch) -> bool:
     return False
 
 
-def _line(depth: int) -> tuple[str, int]:
-    f = sys._getframe(depth)
-    return f.f_code.co_filename, f.f_lineno
-
 
 def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3) -> None:
-    """Record one access to ``ary[idx]`` by the calling simulated thread; raise on a race."""
-    __tracebackhide__ = True
+    """Log one access to ``ary[idx]`` by the calling simulated thread.
+
+    Only a log entry here, without a lock: hundreds of simulated threads take turns
+    under the GIL, and a lock they all contend for would cost more than the kernel.
+    The block's log is replayed in clock order when the block ends
+    (:func:`on_block_end`), which decides and reports.
+    """
     launch = _launch
     if launch is None or _allowed:
         return
@@ -253,35 +275,52 @@ def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3)
     atomic = getattr(threading.current_thread(), "_race_atomic", False)
     if atomic:
         depth += 2  # the atomic's own two frames
-    line = _line(depth)
-    with launch.lock:
-        mem = launch.shared_mem if shared else launch.global_mem
-        el = mem.get(addr)
-        if el is None:
-            el = mem[addr] = _Element()
-        now = next(launch.clock)
-        epoch = who.epoch
-        w = el.write
-        mine = el.reads.get(who)
-        update = write and mine is not None and mine.epoch == epoch
-        if w is not None and w.who is not who and not (w.atomic and atomic) \
-                and (shared or not write or w.update or update) \
-                and not _ordered(w, who, epoch, launch):
-            # In global memory two plain stores to one element are reported only
-            # when one of them is an update (a lost `+=`): the same value stored by
-            # many threads (a flag) is a common, benign pattern there.
-            _report(launch, w, who, line, write, update, sys._getframe(depth - 1),
-                    addr, shared, ary, idx)
-        if write:
-            for r in el.reads.values():
-                if r.who is not who and not (r.atomic and atomic) \
-                        and not _ordered(r, who, epoch, launch):
-                    _report(launch, r, who, line, write, update, sys._getframe(depth - 1),
-                            addr, shared, ary, idx)
-            el.write = _Access(who, now, epoch, atomic, line, True, update)
-            el.reads = {}
-        else:
-            el.reads[who] = _Access(who, now, epoch, atomic, line, False)
+    frame = sys._getframe(depth - 1)  # the kernel's line (depth counts from a helper)
+    launch.log.append((next(launch.clock), who, who.epoch, who.acquire, addr, shared, write,
+                       atomic, (frame.f_code.co_filename, frame.f_lineno), frame, ary, idx))
+
+
+def on_block_end() -> None:
+    """Replay the block's accesses in the order they happened; raise RaceError on
+    the first race. The verdict does not depend on that order: two unordered
+    conflicting accesses are reported whichever came first."""
+    __tracebackhide__ = True
+    launch = _launch
+    if launch is None:
+        return
+    log, launch.log = launch.log, []
+    log.sort(key=lambda entry: entry[0])
+    for entry in log:
+        _check(launch, *entry)
+
+
+def _check(launch: _Launch, now: int, who: _Thread, epoch: int, acquire: int, addr: int,
+           shared: bool, write: bool, atomic: bool, line: tuple[str, int], frame: Any,
+           ary: np.ndarray, idx: Any) -> None:
+    __tracebackhide__ = True
+    mem = launch.shared_mem if shared else launch.global_mem
+    el = mem.get(addr)
+    if el is None:
+        el = mem[addr] = _Element()
+    w = el.write
+    mine = el.reads.get(who)
+    update = write and mine is not None and mine.epoch == epoch
+    if w is not None and w.who is not who and not (w.atomic and atomic) \
+            and (shared or not write or w.update or update) \
+            and not _ordered(w, who, epoch, acquire, launch):
+        # In global memory two plain stores to one element are reported only
+        # when one of them is an update (a lost `+=`): the same value stored by
+        # many threads (a flag) is a common, benign pattern there.
+        _report(launch, w, who, line, write, update, frame, addr, shared, ary, idx)
+    if write:
+        for r in el.reads.values():
+            if r.who is not who and not (r.atomic and atomic) \
+                    and not _ordered(r, who, epoch, acquire, launch):
+                _report(launch, r, who, line, write, update, frame, addr, shared, ary, idx)
+        el.write = _Access(who, now, epoch, atomic, line, True, update)
+        el.reads = {}
+    else:
+        el.reads[who] = _Access(who, now, epoch, atomic, line, False)
 
 
 def _array_of(value: Any) -> np.ndarray | None:
@@ -434,6 +473,11 @@ def launch(kernel: Any, args: tuple[Any, ...]) -> Iterator[None]:
     if not ENABLED or _allowed:
         yield
         return
+    if _first_launches_only:
+        if kernel in _checked_kernels:
+            yield
+            return
+        _checked_kernels.add(kernel)
     with _state_lock:
         _launch = _Launch(kernel, args)
     try:
@@ -532,7 +576,9 @@ def install() -> None:
         on_block_start()
         before = set(threading.enumerate())
         try:
-            return original_run(self, grid_point, *args)
+            result = original_run(self, grid_point, *args)
+            on_block_end()
+            return result
         except BaseException:
             # The simulator leaves the other threads of a failed block running (its
             # abort only stops them at their next barrier). Let them finish, so they

@@ -92,7 +92,7 @@ def _select() -> tuple[str, str]:
     if sys.stderr.isatty() and "pytest" not in sys.modules and not wants_help:
         print(
             "common: no usable NVIDIA GPU found; kernels run in the Numba CUDA "
-            "simulator (slow: problem sizes are reduced, timings are meaningless).",
+            "simulator (slow: problem sizes are reduced, not timed).",
             file=sys.stderr,
         )
     return "simulator", "no usable NVIDIA GPU found"
@@ -411,6 +411,7 @@ def _install_simulator_checks() -> None:
     kernel_cls.__getitem__ = getitem
     kernel_cls.__call__ = call
     racecheck.install()
+    _install_sequential_blocks(sim_kernel)
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
@@ -465,8 +466,220 @@ def _install_simulator_checks() -> None:
     kernel_cls._course_checks = True
 
 
-if is_simulator():
-    _install_simulator_checks()
+
+# --------------------------------------------------------------------------
+# Simulator speed: barrier-free blocks run their threads one after another
+# --------------------------------------------------------------------------
+
+# Names whose use in a kernel (or anything it calls) means its threads must run
+# side by side, as the simulator does, to meet at a barrier.
+_BARRIER_NAMES = frozenset({"syncthreads", "syncthreads_count", "syncthreads_and",
+                            "syncthreads_or", "syncwarp", "this_grid", "sync"})
+_barrier_verdicts: dict[Any, bool] = {}
+
+
+def _code_names(code: Any) -> set[str]:
+    names = set(code.co_names) | set(code.co_freevars)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
+    """True if ``fn`` (a kernel's Python function) or any function it can call may
+    reach a barrier; True too whenever that cannot be told from the code."""
+    import types
+
+    seen = set() if seen is None else seen
+    if id(fn) in seen:
+        return False
+    seen.add(id(fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return True
+    names = _code_names(code)
+    if names & _BARRIER_NAMES:
+        return True
+    candidates = [fn.__globals__[n] for n in names if n in fn.__globals__]
+    candidates += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+    for obj in candidates:
+        if isinstance(obj, types.ModuleType):
+            if obj.__name__.split(".")[0] in ("numpy", "math", "numba", "cmath"):
+                continue
+            # module.function: look at the attributes this code names
+            obj_candidates = [getattr(obj, n) for n in names if hasattr(obj, n)]
+        else:
+            obj_candidates = [obj]
+        for target in obj_candidates:
+            inner = getattr(target, "py_func", None) or getattr(target, "fn", None)
+            if inner is not None and getattr(inner, "__code__", None) is not None:
+                target = inner
+            if isinstance(target, types.FunctionType) and _uses_barrier(target, seen):
+                return True
+    return False
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018  (an empty cell raises)
+    except ValueError:
+        return False
+    return True
+
+
+def _barrier_free(fn: Any) -> bool:
+    verdict = _barrier_verdicts.get(fn)
+    if verdict is None:
+        verdict = _barrier_verdicts[fn] = not _uses_barrier(fn)
+    return verdict
+
+
+def _install_sequential_blocks(sim_kernel: Any) -> None:
+    """The simulator starts one OS thread per CUDA thread (about 0.1 ms each) so
+    that threads can meet at barriers. A kernel that never reaches a barrier does
+    not need that: its threads may run in any order, one after another, in one
+    thread per block, which makes naive kernels several times faster to simulate.
+    Races are still found: the race detector judges accesses, not timing.
+    Under :func:`interleaved_threads` (race demonstrations) blocks keep the
+    simulator's own threads."""
+    from numba.cuda.simulator.kernelapi import Dim3
+
+    from . import racecheck
+
+    manager_cls = sim_kernel.BlockManager
+    threaded_run = manager_cls.run
+
+    def run(self: Any, grid_point: Any, *args: Any) -> Any:
+        __tracebackhide__ = True
+        if _interleave_depth:
+            return threaded_run(self, grid_point, *args)
+        if not _barrier_free(self._f):
+            return _run_with_barriers(self, sim_kernel, grid_point, args)
+        racecheck.on_block_start()
+        block_dim = self._block_dim
+        failure: list[Any] = []
+
+        def one_after_another() -> None:
+            t = threading.current_thread()
+            t.blockIdx = Dim3(*grid_point)
+            for point in np.ndindex(*block_dim):
+                t.threadIdx = Dim3(*point)
+                t.thread_id = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
+                t._race_state = None
+                try:
+                    self._f(*args)
+                except Exception as e:  # noqa: BLE001  (re-raised below, as the simulator does)
+                    tid, ctaid = list(point), list(grid_point)
+                    msg = f"tid={tid} ctaid={ctaid}" + (f": {e}" if str(e) else "")
+                    failure.append((type(e)(msg), sys.exc_info()[2]))
+                    return
+
+        import numpy as np
+
+        worker = threading.Thread(target=one_after_another, daemon=True)
+        worker.syncthreads = _no_barrier  # type: ignore[attr-defined]
+        worker.start()
+        worker.join()
+        if failure:
+            raise failure[0][0].with_traceback(failure[0][1])
+        racecheck.on_block_end()
+        return None
+
+    manager_cls.run = run
+
+
+class _BlockBarrier:
+    """``cuda.syncthreads()`` for one simulated block: threads wait on a condition
+    until every thread still running has arrived (a thread that has returned no
+    longer counts, as on a GPU). The simulator's own version polls its threads
+    from a busy loop that holds the GIL for whole switch intervals; waiting here
+    costs nothing while the others run."""
+
+    def __init__(self, parties: int) -> None:
+        self.live = parties
+        self.waiting = 0
+        self.generation = 0
+        self.aborted = False
+        self.cond = threading.Condition()
+
+    def wait(self) -> None:
+        with self.cond:
+            if self.aborted:
+                raise RuntimeError("another thread of the block failed")
+            generation = self.generation
+            self.waiting += 1
+            if self.waiting == self.live:
+                self._release()
+                return
+            while generation == self.generation and not self.aborted:
+                self.cond.wait()
+            if self.aborted:
+                raise RuntimeError("another thread of the block failed")
+
+    def leave(self) -> None:
+        with self.cond:
+            self.live -= 1
+            if self.waiting and self.waiting == self.live:
+                self._release()
+
+    def abort(self) -> None:
+        with self.cond:
+            self.aborted = True
+            self.cond.notify_all()
+
+    def _release(self) -> None:
+        self.waiting = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+
+def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any) -> None:
+    """Run one block whose threads meet at barriers: one OS thread per CUDA thread,
+    as the simulator does, but waiting on a condition instead of being polled."""
+    __tracebackhide__ = True
+    import numpy as np
+
+    from . import racecheck
+
+    racecheck.on_block_start()
+    block_dim = manager._block_dim
+    points = list(np.ndindex(*block_dim))
+    barrier = _BlockBarrier(len(points))
+    failures: list[tuple[int, Any, Any]] = []
+
+    class _Thread(sim_kernel.BlockThread):
+        def syncthreads(self) -> None:
+            racecheck.on_barrier_arrive()
+            barrier.wait()
+            racecheck.on_barrier_leave()
+
+        def run(self) -> None:
+            try:
+                manager._f(*args)
+            except Exception as e:  # noqa: BLE001  (re-raised by the launching thread)
+                if not barrier.aborted:
+                    tid, ctaid = list(self.threadIdx), list(self.blockIdx)
+                    msg = f"tid={tid} ctaid={ctaid}" + (f": {e}" if str(e) else "")
+                    failures.append((self.thread_id, type(e)(msg), sys.exc_info()[2]))
+                barrier.abort()
+            finally:
+                barrier.leave()
+
+    threads = [_Thread(None, manager, grid_point, point, False) for point in points]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        _, exc, tb = min(failures, key=lambda f: f[0])
+        raise exc.with_traceback(tb)
+    racecheck.on_block_end()
+
+
+def _no_barrier(*_: Any) -> None:
+    raise RuntimeError("internal error: a kernel judged barrier-free reached a barrier; "
+                       "set COURSE_RACECHECK=0 and report it")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -474,3 +687,7 @@ def ceil_div(a: int, b: int) -> int:
     if b <= 0:
         raise ValueError(f"ceil_div divisor must be positive, got {b}")
     return -(-a // b)
+
+
+if is_simulator():
+    _install_simulator_checks()

@@ -32,7 +32,7 @@ Three parts, one run:
 Written to ``--out``: ``compare.json`` (both histories, loss curves, the
 timing table, the per-stage tables, the GPU's name) and ``compare.png`` (loss curves; ms per step
 against batch size). In the simulator it runs the tiny configuration of
-``final_project.train`` and says the timings are meaningless.
+``final_project.train`` and says its timings say nothing about a GPU.
 """
 
 from __future__ import annotations
@@ -510,9 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = args.torch_tf32
     torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
     gpu = ftrain.device_name()
-    print(f"runtime: {common.runtime_name()} ({gpu}); torch on {device}")
-    if tiny:
-        print(f"{common.runtime_name()}: {ftrain.TINY.describe()}; timings are meaningless here")
+    if common.is_simulator():
+        print(f"simulator (no GPU): {ftrain.TINY.describe() if tiny else 'the full network'}; "
+              f"torch on {device}; the timings say nothing about a GPU")
+    else:
+        print(f"GPU: {gpu}; torch on {device}")
     try:
         ds = ftrain.load_data(args)
     except (fdata.DataError, ValueError) as e:

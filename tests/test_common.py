@@ -52,7 +52,9 @@ def test_subprocess_without_gpu_selects_simulator_and_says_so():
         env=env, capture_output=True, text=True, cwd=REPO_ROOT, check=True,
     )
     assert out.stdout.strip() == "simulator"
-    assert "simulator" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # The "no GPU, simulator" line is for a person at a terminal; captured output
+    # (pytest, a pipe) stays clean, and `python -m common.doctor` says it on demand.
+    assert out.stderr.strip() == ""
 
 
 @jit(lineinfo=True, max_registers=40, fastmath=False)

@@ -94,14 +94,16 @@ def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run
     steps = ftrain.TINY.epochs * (ftrain.TINY.n_train // ftrain.TINY.batch_size)
     losses = [float(line.rsplit("loss ", 1)[1]) for line in printed.splitlines()
               if line.startswith("step ")]
-    assert len(losses) == steps, printed  # one line a step, though stdout is no terminal
+    # a line every log_every steps, though stdout is no terminal
+    assert len(losses) == steps // ftrain.TINY.log_every, printed
     # Falls: the last quarter's mean is clearly below the first quarter's.
-    q = steps // 4
+    q = len(losses) // 4
     assert np.mean(losses[-q:]) < np.mean(losses[:q]) - 0.05, losses
     accuracy = float(printed.split("test accuracy ")[-1].split("%")[0])
-    # On 300 images, 10% is chance (binomial std 1.7 points): 15% is 3 std above.
+    # On 300 images, 10% is chance (binomial std 1.7 points); the run is
+    # deterministic and ends near 40%, so 30% is far above chance and below it.
     assert f"on {ftrain.TINY.n_test} images" in printed
-    assert accuracy >= 15, printed
+    assert accuracy >= 30, printed
     assert "shipped sample" in printed and "python -m final_project.data --download mnist" in printed
     assert printed.count("python -m final_project.data --download mnist") == 1
     assert "NetConfig(" not in printed and "simulator (simulator)" not in printed
@@ -239,7 +241,7 @@ def test_compare_tiny_writes_json_and_plot(offline, capsys):
             "--time-steps", "1", "--time-batch-sizes", "8", "--loss-every", "1"]
     assert fcompare.main(argv + ([] if is_simulator() else ["--tiny"])) == 0
     printed = capsys.readouterr().out
-    assert "timings are meaningless" in printed or not is_simulator()
+    assert "the timings say nothing about a GPU" in printed or not is_simulator()
     result = json.loads((out / "compare.json").read_text())
     assert (out / "compare.png").stat().st_size > 1000
     run = result["accuracy_run"]
