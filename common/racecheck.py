@@ -24,7 +24,10 @@ atomic. A conflict is a race unless the two are *ordered*:
   block before a barrier it then passed. This is the last-block pattern:
   partials, a fence, an atomic ticket, the last block reads them.
 
-The decision depends only on *which* accesses happen, never on the order the
+Accesses are only appended to a log while the block runs (no lock: hundreds of
+simulated threads contending for one would cost more than the kernel); the
+block's log is replayed in clock order when the block ends, and the replay
+decides. The decision depends only on *which* accesses happen, never on the order the
 simulated threads happened to run in, so a race is reported on every run, not
 by luck: a plain ``h[b] += 1`` from two threads is two reads and two writes of
 one element, unordered, and is reported however the threads interleave. Blocks
