@@ -380,7 +380,7 @@ def _report(launch: _Launch, p: _Access, who: _Thread, line: tuple[str, int], wr
     updates = (p.update or _is_update(p.line)) and (update or _is_update(line))
     if updates or (p.write and write):
         verb = "updated" if updates else "wrote"
-        barrier = " between two barriers" if same_block else ""
+        barrier = " between two barriers" if same_block and shared else ""
         what = f"{threads} both {verb} {where} without an atomic{barrier} ({lines})"
         if updates:
             hint = "a `+=` from several threads loses updates: use cuda.atomic.add"

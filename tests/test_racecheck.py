@@ -329,16 +329,6 @@ def test_device_function_shape_is_judged_at_the_call_site():
 NUMBA_SUITES = ["test_sync", "test_atomics", "test_reduction", "test_matmul", "test_sm",
                 "test_laplace", "test_montecarlo", "test_intrinsics", "test_array",
                 "test_globals", "test_freevar", "test_idiv"]
-SHARDS = {"test_atomics": 4}  # its 2-D compare-and-swap tests are slow: spread over workers
-
-
-def _numba_suite_params():
-    for suite in NUMBA_SUITES:
-        shards = SHARDS.get(suite, 1)
-        for k in range(shards):
-            yield pytest.param(suite, k, shards, id=suite if shards == 1 else f"{suite}-{k}")
-
-
 def _flatten(tests):
     for t in tests:
         if isinstance(t, unittest.TestSuite):
@@ -347,8 +337,8 @@ def _flatten(tests):
             yield t
 
 
-@pytest.mark.parametrize("suite, shard, shards", list(_numba_suite_params()))
-def test_numba_cuda_simulator_suite_passes_under_the_course_runtime(suite, shard, shards):
+@pytest.mark.parametrize("suite", NUMBA_SUITES)
+def test_numba_cuda_simulator_suite_passes_under_the_course_runtime(suite):
     """Code nobody here wrote: neither the launch checks nor the race detector may
     refuse valid Numba (device functions, literal shapes passed down, atomics)."""
     pytest.importorskip("filecheck", reason="numba-cuda's test helpers need `filecheck` "
@@ -358,10 +348,8 @@ def test_numba_cuda_simulator_suite_passes_under_the_course_runtime(suite, shard
     # Some of its modules hold plain pytest-style functions instead of TestCases.
     tests += [unittest.FunctionTestCase(f) for name, f in vars(module).items()
               if name.startswith("test") and inspect.isfunction(f)]
-    tests = sorted(tests, key=str)[shard::shards]
-    with interleaved_threads():
-        result = unittest.TextTestRunner(stream=_Null(), verbosity=0).run(
-            unittest.TestSuite(tests))
+    # As the course runs kernels: launch checks, race detector, its block runners.
+    result = unittest.TextTestRunner(stream=_Null(), verbosity=0).run(unittest.TestSuite(tests))
     problems = [f"{t}: {tb.strip().splitlines()[-1]}" for t, tb in result.errors + result.failures]
     assert result.testsRun > 0 and not problems, "\n".join(problems)
 
