@@ -169,7 +169,7 @@ class _Element:
 
 
 class _Launch:
-    def __init__(self, kernel: Any, args: tuple[Any, ...]) -> None:
+    def __init__(self, kernel: Any) -> None:
         self.kernel = getattr(kernel, "__name__", str(kernel))
         self.clock = itertools.count()
         self.lock = threading.Lock()  # for the rare events: barriers, fences, atomics
@@ -418,8 +418,7 @@ def _is_update(line: tuple[str, int]) -> bool:
 
 
 def on_barrier_arrive() -> None:
-    launch = _launch
-    who = _me()
+    launch, who = _launch, _me()
     if launch is None or who is None:
         return
     with launch.lock:
@@ -429,8 +428,7 @@ def on_barrier_arrive() -> None:
 
 
 def on_barrier_leave() -> None:
-    launch = _launch
-    who = _me()
+    launch, who = _launch, _me()
     if launch is None or who is None:
         return
     with launch.lock:
@@ -440,8 +438,7 @@ def on_barrier_leave() -> None:
 
 
 def on_fence() -> None:
-    launch = _launch
-    who = _me()
+    launch, who = _launch, _me()
     if launch is None or who is None:
         return
     with launch.lock:
@@ -449,8 +446,7 @@ def on_fence() -> None:
 
 
 def on_atomic_done() -> None:
-    launch = _launch
-    who = _me()
+    launch, who = _launch, _me()
     if launch is None or who is None:
         return
     with launch.lock:
@@ -482,7 +478,7 @@ def launch(kernel: Any, args: tuple[Any, ...]) -> Iterator[None]:
             return
         _checked_kernels.add(kernel)
     with _state_lock:
-        _launch = _Launch(kernel, args)
+        _launch = _Launch(kernel)
     try:
         yield
     finally:
