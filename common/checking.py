@@ -97,6 +97,43 @@ def rel_error(out: Any, ref: Any) -> float:
     return float(np.linalg.norm(o - r) / norm)
 
 
+EPS32 = float(np.finfo(np.float32).eps)
+"""float32 machine epsilon, 2**-23: the gap between 1 and the next float32."""
+
+
+def rounding_tolerance(ref: Any, magnitude: Any, roundings: float, tol: float) -> float:
+    """The relative tolerance a correct float32 result needs where its terms cancel.
+
+    Each float32 operation rounds by at most eps32 / 2 of its operands' size,
+    so an element computed in k operations from terms of total size M
+    (``|a| + |b|`` for ``a + b``) is off by at most about k * eps32 * M,
+    whatever its own size. Relative to ``||ref||`` that is tiny, except where
+    the terms nearly cancel (a one-element draw near a root, a confident
+    softmax row, a batchnorm channel of equal values); there a fixed ``tol``
+    fails a correct kernel now and then. This returns ``max(tol, roundings *
+    eps32 * ||M|| / ||ref||)``: rounding is allowed exactly, and a wrong index,
+    sign or term, which errs by O(M), still fails.
+
+    Args:
+        ref: the float64 reference, any shape (NumPy array or torch tensor).
+        magnitude: M, the size of the rounded terms, per element (same shape
+            as ``ref``) or one number for every element.
+        roundings: k, the float32 roundings an element takes, counted from the
+            kernel (a product and a sum: 2; a log-sum-exp: about 4).
+        tol: the tolerance used where nothing cancels.
+
+    Method: the standard model of floating-point arithmetic, fl(a op b) =
+    (a op b)(1 + d) with |d| <= eps/2 (Higham, *Accuracy and Stability of
+    Numerical Algorithms*, 2nd ed., sec. 2.2).
+    """
+    r = _to_host(ref).astype(np.float64)
+    m = np.broadcast_to(np.abs(_to_host(magnitude).astype(np.float64)), r.shape)
+    norm = float(np.linalg.norm(r))
+    if norm == 0:
+        raise ValueError("the reference is all zeros: draw random non-zero inputs")
+    return max(tol, roundings * EPS32 * float(np.linalg.norm(m)) / norm)
+
+
 def _powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(1, max(limit, 1).bit_length()) if (1 << k) <= limit]
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from numba import cuda
 
-from common.checking import CheckError, check, guarded, random_array
+from common.checking import CheckError, check, guarded, random_array, rounding_tolerance
 from final_project import kernels as K
 
 TOL = 1e-4  # float32 kernels against float64 truth (the issue's bar)
@@ -183,23 +183,30 @@ def check_linear(rng, n, n_in, n_out, *, forward=K.linear_forward, backward=K.li
     return errs
 
 
-def softmax_grad_tol(logits: np.ndarray, ref_grad: torch.Tensor, tol: float = TOL) -> float:
-    """Tolerance for (softmax - onehot) / N from float32 logits.
+def softmax_grad_magnitude(logits: np.ndarray) -> np.ndarray:
+    """Size of the float32 rounding in each element of (softmax - onehot) / N.
 
     A float32 log-sum-exp at |logit| ~ L is off by a few eps32 * L (its last
     bit), so each softmax value p is off by p times that, and the gradient by
-    that over N. When every row is confident, (p - onehot) is tiny and this
-    rounding alone passes 1e-4 relative (about one draw in eight of one row of
-    3 classes with logits near 30). Allow that much, and no more: a wrong
-    label, a missing 1/N or a missing max-subtraction errs by O(1) or overflows.
+    that over N: the magnitude L * p / N, for ``rounding_tolerance`` with 4
+    roundings. ``logits``: (N, classes), any float dtype.
     """
-    eps32 = float(np.finfo(np.float32).eps)
     z = np.asarray(logits, np.float64)
-    abs_lse = 4 * eps32 * (float(np.abs(z).max()) + math.log(z.shape[1]))
     p = np.exp(z - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
-    return max(tol, abs_lse * float(np.linalg.norm(p)) / z.shape[0]
-               / float(ref_grad.norm()))
+    return (float(np.abs(z).max()) + math.log(z.shape[1])) * p / z.shape[0]
+
+
+def softmax_grad_tol(logits: np.ndarray, ref_grad: torch.Tensor, tol: float = TOL) -> float:
+    """Tolerance for (softmax - onehot) / N from float32 logits.
+
+    When every row is confident, (p - onehot) is tiny and the rounding of
+    :func:`softmax_grad_magnitude` alone passes 1e-4 relative (about one draw
+    in eight of one row of 3 classes with logits near 30). Allow that much, and
+    no more: a wrong label, a missing 1/N or a missing max-subtraction errs by
+    O(1) or overflows.
+    """
+    return rounding_tolerance(ref_grad, softmax_grad_magnitude(logits), 4, tol)
 
 
 def check_log_softmax_nll(rng, n, classes, *, forward=K.log_softmax_nll_forward,
@@ -221,9 +228,8 @@ def check_log_softmax_nll(rng, n, classes, *, forward=K.log_softmax_nll_forward,
     # error of about eps * 30 in each row's loss; when the mean loss itself is
     # small (one confident row) that is more than `tol` relative. Allow that
     # much, and no more: a max-subtraction or indexing bug is far larger.
-    eps32 = float(np.finfo(np.float32).eps)
-    loss_tol = max(tol, 4 * eps32 * (float(np.abs(logits).max()) + np.log(classes))
-                   / abs(float(ref.detach())))
+    loss_tol = rounding_tolerance(ref.detach(), float(np.abs(logits).max()) + np.log(classes),
+                                  4, tol)
     errs = {"nll loss": check(loss, ref.detach().reshape(1), loss_tol, "nll loss")}
     errs["logprobs"] = check(logprobs.array, F.log_softmax(_t(logits), 1), tol, "logprobs")
     d = _run_guarded((n, classes), np.float32, lambda o: backward(logprobs.array, y_, o))
@@ -246,9 +252,8 @@ def check_sgd(rng, size, lr=0.1, *, update=K.sgd_update, tol=1e-6) -> dict[str, 
     # element, which is more than `tol` relative where p and lr * g nearly cancel
     # (a one-element buffer: about one draw in a few hundred). Allow that, no more:
     # a wrong sign or a missing lr is off by O(1).
-    eps32 = float(np.finfo(np.float32).eps)
-    rounding = 2 * eps32 * float(np.linalg.norm(np.abs(p64) + np.abs(step)) / np.linalg.norm(ref))
-    return {"sgd": check(g_buf.array, ref, max(tol, rounding), "sgd")}
+    sgd_tol = rounding_tolerance(ref, np.abs(p64) + np.abs(step), 2, tol)
+    return {"sgd": check(g_buf.array, ref, sgd_tol, "sgd")}
 
 
 # ---------------------------------------------------------------------------

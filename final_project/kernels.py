@@ -33,7 +33,11 @@ no zeroing between steps, and no kernel needs ``cuda.atomic.add``: each output
 element is owned by one thread, which makes every result deterministic.
 Reductions over the batch (weight gradients, batch statistics, the loss)
 accumulate in float64: a channel of the first batchnorm sums N*H*W = 800k values
-at batch 1024, where a float32 running sum loses about 3 digits.
+at batch 1024, where a float32 running sum loses about 3 digits. Accumulators
+start as ``float64(0.0)``, not a bare ``0.0``: both compile to a float64 sum,
+but the simulator runs the kernel in NumPy, where ``0.0 + float32`` stays
+float32 (NumPy 2's promotion rules), and would check a different sum than the
+GPU runs.
 
 Each kernel is followed by a thin launcher (same name without ``_naive``) that
 computes the grid: ``ceil_div(elements, THREADS_PER_BLOCK)`` blocks of
@@ -49,7 +53,7 @@ Run the checks: ``python -m pytest tests/test_final_project_layers.py -q``
 import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
 import math
 
-from numba import cuda
+from numba import cuda, float64
 
 from common.runtime import ceil_div, pick
 
@@ -117,7 +121,7 @@ def conv2d_grad_input_naive(dout, w, pad, dx):
     ih = (i // width) % height
     ci = (i // (width * height)) % c_in
     n = i // (width * height * c_in)
-    acc = 0.0
+    acc = float64(0.0)
     for co in range(c_out):
         for kh in range(k_h):
             oh = ih + pad - kh
@@ -150,7 +154,7 @@ def conv2d_grad_weight_naive(dout, x, pad, dw):
     kh = (i // k_w) % k_h
     ci = (i // (k_w * k_h)) % c_in
     co = i // (k_w * k_h * c_in)
-    acc = 0.0  # float64: up to N*Ho*Wo = 800k terms
+    acc = float64(0.0)  # float64: up to N*Ho*Wo = 800k terms
     for n in range(batch):
         for oh in range(h_out):
             ih = oh + kh - pad
@@ -175,7 +179,7 @@ def channel_sum_naive(t, out):
     if c >= out.size:
         return
     batch, _, height, width = t.shape
-    acc = 0.0
+    acc = float64(0.0)
     for n in range(batch):
         for h in range(height):
             for w in range(width):
@@ -202,13 +206,13 @@ def batchnorm_stats_naive(x, eps, momentum, mean, invstd, running_mean, running_
         return
     batch, _, height, width = x.shape
     count = batch * height * width
-    s = 0.0
+    s = float64(0.0)
     for n in range(batch):
         for h in range(height):
             for w in range(width):
                 s += x[n, c, h, w]
     mu = s / count
-    ss = 0.0
+    ss = float64(0.0)
     for n in range(batch):
         for h in range(height):
             for w in range(width):
@@ -278,8 +282,8 @@ def batchnorm_backward_reduce_naive(dy, xhat, dgamma, dbeta):
     if c >= dgamma.size:
         return
     batch, _, height, width = dy.shape
-    sg = 0.0
-    sb = 0.0
+    sg = float64(0.0)
+    sb = float64(0.0)
     for n in range(batch):
         for h in range(height):
             for w in range(width):
@@ -446,7 +450,7 @@ def linear_grad_input_naive(dy, w, dx):
     n_in = dx.shape[1]
     k = i % n_in
     n = i // n_in
-    acc = 0.0
+    acc = float64(0.0)
     for o in range(dy.shape[1]):
         acc += dy[n, o] * w[o, k]
     dx[n, k] = acc
@@ -461,7 +465,7 @@ def linear_grad_weight_naive(dy, x, dw):
     n_in = dw.shape[1]
     k = i % n_in
     o = i // n_in
-    acc = 0.0
+    acc = float64(0.0)
     for n in range(x.shape[0]):
         acc += dy[n, o] * x[n, k]
     dw[o, k] = acc
@@ -473,7 +477,7 @@ def linear_grad_bias_naive(dy, db):
     o = cuda.grid(1)
     if o >= db.size:
         return
-    acc = 0.0
+    acc = float64(0.0)
     for n in range(dy.shape[0]):
         acc += dy[n, o]
     db[o] = acc
@@ -504,7 +508,7 @@ def log_softmax_nll_forward_naive(logits, labels, logprobs, row_loss):
     m = logits[n, 0]
     for c in range(1, classes):
         m = max(m, logits[n, c])
-    s = 0.0
+    s = float64(0.0)
     for c in range(classes):
         s += math.exp(logits[n, c] - m)
     lse = m + math.log(s)
@@ -522,7 +526,7 @@ def log_softmax_nll_forward_naive(logits, labels, logprobs, row_loss):
 @cuda.jit
 def mean_naive(values, out):
     if cuda.grid(1) == 0:
-        acc = 0.0
+        acc = float64(0.0)
         for n in range(values.size):
             acc += values[n]
         out[0] = acc / values.size

@@ -3,7 +3,14 @@ them, and the chapter scripts run at simulator sizes."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator, pick, racecheck
-from common.checking import CheckError, check, guarded, hostile_sizes, random_array
+from common.checking import (
+    CheckError,
+    check,
+    guarded,
+    hostile_sizes,
+    random_array,
+    rounding_tolerance,
+)
 from common.exercises import implementations, load_chapter_module
 from common.float32_purity import float32_pure_launches
 from common.racecheck import RaceError
@@ -12,7 +19,6 @@ import numpy as np
 import pytest
 from numba import cuda
 
-EPS32 = float(np.finfo(np.float32).eps)
 CHAPTER = "05_first_kernels"
 # A wrong kernel either raises IndexError (simulator, out of bounds) or leaves a wrong output.
 FAILS = (CheckError, IndexError)
@@ -49,7 +55,7 @@ def check_scaled_add(fn, rng):
                 # float32 alpha, product and sum: up to 3 eps32 (|alpha x| + |y|) an
                 # element, more than 1e-6 relative where they nearly cancel (n = 1).
                 terms = np.abs(alpha * x.astype(np.float64)) + np.abs(y)
-                tol = max(1e-6, 3 * EPS32 * float(np.linalg.norm(terms) / np.linalg.norm(ref)))
+                tol = rounding_tolerance(ref, terms, 3, 1e-6)
                 check(out.array, ref, tol=tol, name=f"scaled_add n={n} block={threads}")
                 out.check_untouched(f"scaled_add n={n} block={threads}")
 
@@ -81,7 +87,7 @@ def check_broadcast_add(fn, rng):
                 # element: more than 1e-6 relative where the terms nearly cancel (a
                 # 1x1 output, now and then). A wrong index is off by O(1).
                 terms = np.abs(x.astype(np.float64)) + np.abs(row)[None, :] + np.abs(col)[:, None]
-                tol = max(1e-6, 2 * EPS32 * float(np.linalg.norm(terms) / np.linalg.norm(ref)))
+                tol = rounding_tolerance(ref, terms, 2, 1e-6)
                 check(out.array, ref, tol=tol, name=f"broadcast_add {shape} block={block}")
                 out.check_untouched(f"broadcast_add {shape}")
 
