@@ -4,17 +4,30 @@ Import ``common`` before anything that imports numba: it picks the runtime
 (GPU, or the CUDA simulator when there is no GPU) and numba reads that choice
 once, at its own import.
 
-* :mod:`common.runtime` -- which runtime is active, ``jit``, ``pick``, ``ceil_div``.
-* :mod:`common.timing` -- CUDA-event benchmarks and device peaks.
-* :mod:`common.checking` -- relative error against float64, poisoned outputs.
-* :mod:`common.exercises` -- loading chapter files, checking exercises.
+What a learner uses, all importable from ``common``:
+
+* :mod:`common.runtime` -- which runtime is active, ``pick``, ``ceil_div``,
+  ``sm_count``, ``jit``.
+* :mod:`common.checking` -- ``check`` against a float64 reference, ``poisoned``
+  and ``guarded`` outputs, ``random_array``.
+* :mod:`common.timing` -- ``benchmark`` with CUDA events, device peaks.
+* :mod:`common.harness` -- ``run_versions``: check then time every version of
+  an operation; the command line every chapter script shares.
+* ``intentional_race`` -- marks a demo that races on purpose (the simulator's
+  race detector reports any other race as a ``RaceError``).
 * ``python -m common.doctor`` -- is this machine able to run the course?
 * ``python -m common.progress`` -- which exercises pass.
+
+:mod:`common.internal` is the course's machinery (the simulator's extra checks,
+the race detector, the exercise loader): nothing there is needed to follow it.
 """
 
 # isort: off
 from .runtime import RUNTIME, ceil_div, is_simulator, jit, pick, runtime_name  # noqa: F401  (first)
 from .checking import CheckError, check, guarded, poisoned, random_array, rel_error  # noqa: F401
 from .timing import Timing, benchmark, device_peaks, format_table  # noqa: F401
-from .exercises import import_sibling, load_chapter_module  # noqa: F401
+from .harness import run_versions  # noqa: F401
+from .runtime import sm_count  # noqa: F401
+from .internal.exercises import import_sibling, load_chapter_module  # noqa: F401
+from .internal.racecheck import RaceError, intentional_race  # noqa: F401
 # isort: on

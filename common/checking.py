@@ -49,25 +49,36 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
-def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any = None) -> None:
-    """Raise a clear error unless ``a`` is a Numba device array of ``ndim``/``dtype``.
+def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any = None) -> Any:
+    """Return ``a`` as a Numba device array of ``ndim``/``dtype``, or raise a clear error.
 
     Launchers call it before launching: a host NumPy array would be copied to the
     GPU and back behind the caller's back, and a wrong dtype or rank makes a
-    kernel read garbage instead of failing.
+    kernel read garbage instead of failing. A GPU array of another library (a
+    CUDA torch tensor: anything with ``__cuda_array_interface__``) is wrapped
+    without a copy.
 
     Raises:
-        TypeError: not a device array (NumPy arrays have no ``copy_to_host``),
-            or the wrong dtype.
+        TypeError: a host (NumPy) array, anything else that is not on the GPU,
+            or the wrong dtype; the message says how to fix it.
         ValueError: the wrong number of dimensions.
     """
     __tracebackhide__ = True
+    if isinstance(a, np.ndarray):
+        raise TypeError(f"{name} is a host (NumPy) array; copy it to the GPU first: "
+                        f"{name}_dev = cuda.to_device(np.ascontiguousarray({name}))")
     if not hasattr(a, "copy_to_host"):
-        raise TypeError(f"{name} must be a device array (cuda.to_device(...)), got {type(a)}")
+        if not hasattr(a, "__cuda_array_interface__"):
+            raise TypeError(f"{name} must be a device array (cuda.to_device(...)), "
+                            f"got {type(a).__name__}")
+        from numba import cuda
+
+        a = cuda.as_cuda_array(a)
     if ndim is not None and a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
     if dtype is not None and np.dtype(a.dtype) != np.dtype(dtype):
         raise TypeError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}; convert with .astype")
+    return a
 
 
 def rel_error(out: Any, ref: Any) -> float:

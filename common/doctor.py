@@ -236,6 +236,10 @@ _BYTE_VALUED = {
 }
 
 
+def _fmt_version(v: tuple[int, ...] | None) -> str:
+    return f"{v[0]}.{v[1]}" if v else "unknown"
+
+
 def _fmt_value(key: str, v: Any) -> str:
     if v is None:
         return "n/a"
@@ -274,9 +278,8 @@ def report() -> int:
                 lines.append(f"  {'theoretical memory bandwidth (GB/s)':<42} "
                              f"{attrs['theoretical_bandwidth_gbps']:,.0f}")
         driver_v, toolkit_v = _driver_and_toolkit()
-        fmt = lambda v: f"{v[0]}.{v[1]}" if v else "unknown"
-        lines.append(f"  {'CUDA driver version':<42} {fmt(driver_v)}")
-        lines.append(f"  {'CUDA toolkit (NVRTC) version':<42} {fmt(toolkit_v)}")
+        lines.append(f"  {'CUDA driver version':<42} {_fmt_version(driver_v)}")
+        lines.append(f"  {'CUDA toolkit (NVRTC) version':<42} {_fmt_version(toolkit_v)}")
         findings += toolkit_findings()
     failure = smoke_test()
     if failure:

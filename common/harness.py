@@ -6,30 +6,47 @@ poisoned output, is checked against the reference, then timed by the same
 harness, and one table shows them side by side.
 
     results = run_versions(
-        {"naive": lambda out: add_naive[grid, block](a, b, out),
-         "grid-stride": lambda out: add_stride[sms * 4, 256](a, b, out)},
+        {"naive": add_naive,                                  # add_naive(a, b, out)
+         "naive, block 1024": partial(add_naive, threads_per_block=1024),
+         "grid-stride": add_grid_stride},
+        (a, b),
         reference=a_host.astype(np.float64) + b_host,
         out_shape=n, out_dtype=np.float32, tol=1e-6, nbytes=3 * 4 * n,
         title="vector add",
     )
 
+Each version is a *launcher*: a function that takes the inputs and then the
+output, and launches (``launcher(*args, out)``). A version that needs other
+launch settings is the same launcher with them bound by ``functools.partial``.
+
 A failed check raises :class:`common.checking.CheckError`, so a script exits
 non-zero when any version is wrong.
+
+Every chapter script also shares its command line and its ending:
+:func:`script_parser` (the ``--out DIR`` option), :func:`save_results` (the
+JSON written there) and :func:`run_script` (exit code; a failed check is one
+``CHECK FAILED`` line, not a traceback).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from functools import partial
+from pathlib import Path
+from typing import Any, NoReturn
 
 import numpy as np
 
-from .checking import check, poisoned
-from .timing import Timing, benchmark, format_table
+from .checking import CheckError, check, poisoned
+from .runtime import runtime_name
+from .timing import Timing, benchmark, device_peaks, format_table, write_json
 
 
 def run_versions(
-    versions: Mapping[str, Callable[[Any], Any]],
+    versions: Mapping[str, Callable[..., Any]],
+    args: Sequence[Any],
     reference: np.ndarray,
     out_shape: int | Sequence[int],
     out_dtype: Any = np.float32,
@@ -43,11 +60,13 @@ def run_versions(
     peaks: dict[str, Any] | None = None,
     print_table: bool = True,
 ) -> list[Timing]:
-    """Check each ``version(out)`` against ``reference``, then time it.
+    """Check each ``launcher(*args, out)`` against ``reference``, then time it.
 
     Args:
-        versions: name -> function writing the result into the device array
-            ``out`` it is given (launch only; no synchronize needed).
+        versions: name -> launcher; ``launcher(*args, out)`` writes the result
+            into the device array ``out`` (launch only; no synchronize needed).
+        args: the inputs every launcher takes before ``out`` (device arrays,
+            scalars), the same for every version.
         reference: float64 (or exact integer) expected result, shape ``out_shape``.
         out_shape, out_dtype: the output buffer each version writes; poisoned
             (NaN / sentinel) before the checked run.
@@ -61,14 +80,48 @@ def run_versions(
         CheckError: the first version whose output is wrong.
     """
     results = []
-    for name, fn in versions.items():
+    for name, launcher in versions.items():
         out = poisoned(out_shape, out_dtype)
-        fn(out)
+        launcher(*args, out)
         err = check(out, reference, tol=tol, name=name)
-        t = benchmark(lambda: fn(out), name, nbytes=nbytes, flops=flops,
+        t = benchmark(partial(launcher, *args, out), name, nbytes=nbytes, flops=flops,
                       warmup=warmup, repeats=repeats, peaks=peaks)
         t.extra["rel_error"] = err
         results.append(t)
     if print_table:
         print(format_table(results, title=title))
     return results
+
+
+def script_parser(doc: str, chapter: str) -> argparse.ArgumentParser:
+    """The parser every chapter script starts from: its description is the
+    first line of ``doc`` (the script's docstring) and it has ``--out DIR``
+    (default ``runs/<chapter>``). Add the script's own options, then parse."""
+    parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    default = Path("runs") / chapter
+    parser.add_argument("--out", type=Path, default=default,
+                        help=f"folder for the JSON results (default {default})")
+    return parser
+
+
+def save_results(results: Sequence[Timing], out: str | Path, name: str, **meta: Any) -> Path:
+    """Write ``results`` to ``out/<name>.json`` with the device, its copy bandwidth
+    and the runtime; print and return the path."""
+    path = Path(out) / f"{name}.json"
+    peaks = device_peaks()
+    write_json(results, path, device=peaks.get("device"), copy_gbps=peaks.get("copy_gbps"),
+               runtime=runtime_name(), **meta)
+    print(f"wrote {path}")
+    return path
+
+
+def run_script(main: Callable[[], int | None]) -> NoReturn:
+    """Run a script's ``main()`` and exit with its return code (None is 0). A
+    failed check prints ``CHECK FAILED: <what failed>`` and exits 1: the check's
+    message says what is wrong, and a traceback through the harness would not."""
+    try:
+        code = main()
+    except CheckError as exc:
+        print(f"CHECK FAILED: {exc}", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code or 0)

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from . import exercises, runtime  # noqa: F401  (runtime: picks GPU or simulator before numba loads)
-from .exercises import (
+from . import runtime  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from .internal import exercises
+from .internal.exercises import (
     LEARNER_ID,
     Implementation,
     Use,

@@ -11,11 +11,11 @@ The GPU probe talks to the driver library through ``ctypes`` (``cuInit`` and
 ``cuDeviceGetCount``, CUDA Driver API reference, section 6.3 and 6.5), so it
 never imports numba and costs a few milliseconds.
 
-Under the simulator we also add the launch checks a real GPU does and the
-simulator does not: at most 1024 threads per block (64 in z) and at most
-48 KiB of static shared memory per block (CUDA C++ Programming Guide, table
-"Technical Specifications per Compute Capability"). Without them a kernel
-that passes every test here fails to launch on the learner's GPU.
+Under the simulator, :mod:`common.internal.simulator` adds the checks a GPU
+makes and the simulator does not (launch limits, constant shared-array shapes,
+races): see that module. The helpers here are the ones learners use:
+:func:`pick`, :func:`ceil_div`, :func:`sm_count`, :func:`is_simulator`,
+:func:`jit`, :func:`interleaved_threads`.
 """
 
 from __future__ import annotations
@@ -25,21 +25,20 @@ import ctypes
 import inspect
 import os
 import sys
-import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+# A GPU's launch limits (compute capability 7.0 to 12.x: CUDA C++ Programming
+# Guide, "Technical Specifications per Compute Capability"); the simulator
+# enforces them too.
 MAX_THREADS_PER_BLOCK = 1024
 MAX_BLOCK_DIM = (1024, 1024, 64)
 MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
 MAX_STATIC_SHARED_BYTES = 48 * 1024
 
-# A thread switch every microsecond instead of Python's default 5 ms: simulated
-# CUDA threads then interleave in the middle of read-modify-write sequences, so
-# a race (a missing cuda.syncthreads, a `+=` that needed cuda.atomic.add) shows.
-INTERLEAVED_SWITCH_INTERVAL_S = 1e-6
 
 
 def _driver_gpu_count() -> int:
@@ -162,524 +161,27 @@ def jit(func_or_sig: Any = None, **options: Any) -> Any:
     return cuda.jit(func_or_sig, **options)
 
 
-# --------------------------------------------------------------------------
-# Simulator: the launch checks a GPU makes, and thread interleaving
-# --------------------------------------------------------------------------
-
-_interleave_depth = 0
-_interleave_lock = threading.Lock()
-_shared_alloc_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def interleaved_threads() -> Iterator[None]:
-    """While active, simulated CUDA threads switch every microsecond.
-
-    Python's default switch interval (5 ms) lets each simulated thread run
-    long stretches alone, which hides races. Tests wrap their launches in this
-    (``tests/conftest.py`` does it for every test). No effect on a GPU.
-    """
-    global _interleave_depth
-    with _interleave_lock:
-        _interleave_depth += 1
-    try:
-        yield
-    finally:
-        with _interleave_lock:
-            _interleave_depth -= 1
-
-
-class LaunchConfigError(ValueError):
-    """A launch a real GPU would refuse (too many threads, too much shared memory)."""
-
-
-def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> None:
-    """Raise LaunchConfigError for a launch configuration a GPU rejects.
-
-    griddim, blockdim: int or tuple of up to 3 ints, as in ``kernel[grid, block]``.
-    """
-
-    def dims(d: Any, what: str) -> tuple[int, int, int]:
-        t = (d,) if isinstance(d, int) else tuple(d)
-        if not 1 <= len(t) <= 3 or not all(isinstance(v, int) for v in t):
-            raise LaunchConfigError(f"{what} must be an int or 1-3 ints, got {d!r}")
-        t = t + (1,) * (3 - len(t))
-        if min(t) < 1:
-            raise LaunchConfigError(
-                f"{what} {d!r} has a dimension < 1: a grid needs at least one "
-                "block and a block at least one thread (use ceil_div for grid sizes)"
-            )
-        return t  # type: ignore[return-value]
-
-    g = dims(griddim, "grid dimension")
-    b = dims(blockdim, "block dimension")
-    for axis, (v, limit) in enumerate(zip(b, MAX_BLOCK_DIM)):
-        if v > limit:
-            raise LaunchConfigError(
-                f"block dimension {'xyz'[axis]} = {v} exceeds the GPU limit {limit}"
-            )
-    if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
-        raise LaunchConfigError(
-            f"{b[0] * b[1] * b[2]} threads per block ({blockdim!r}) exceeds the GPU "
-            f"limit of {MAX_THREADS_PER_BLOCK}; a real GPU refuses this launch "
-            "(CUDA_ERROR_INVALID_VALUE). Use smaller blocks and more of them."
-        )
-    for axis, (v, limit) in enumerate(zip(g, MAX_GRID_DIM)):
-        if v > limit:
-            raise LaunchConfigError(
-                f"grid dimension {'xyz'[axis]} = {v} exceeds the GPU limit {limit}"
-            )
-    if dynamic_shared_bytes > MAX_STATIC_SHARED_BYTES:
-        raise LaunchConfigError(
-            f"{dynamic_shared_bytes} bytes of dynamic shared memory exceed "
-            f"{MAX_STATIC_SHARED_BYTES} bytes per block"
-        )
-
-
-_shape_verdicts: dict[tuple[str, int], str | None] = {}
-_parsed_files: dict[str, Any] = {}
-_parse_lock = threading.Lock()
-
-
-def _parse(filename: str) -> Any:
-    """The AST of ``filename`` (cached), or None when it cannot be read or parsed."""
-    import ast
-
-    # Simulated threads reach this together. CPython 3.11's ast.parse is not
-    # safe to run in two threads at once ("AST constructor recursion depth
-    # mismatch", seen here): one thread parses a file, the others wait.
-    with _parse_lock:
-        tree = _parsed_files.get(filename)
-        if tree is None:
-            try:
-                with open(filename) as f:
-                    tree = ast.parse(f.read())
-            except (OSError, SyntaxError):
-                tree = False
-            _parsed_files[filename] = tree
-    return tree or None
-
-
-_SIMULATOR_FILES = ("simulator/kernel.py", "common/runtime.py", "common/racecheck.py")
-
-
-def _device_function_caller(frame: Any) -> Any:
-    """The frame that called ``frame``'s function as a device function, or None
-    when ``frame`` is a kernel launched from the host."""
-    back = frame.f_back
-    if back is None or not back.f_code.co_filename.replace("\\", "/").endswith(
-            "simulator/kernel.py") or back.f_code.co_name != "__call__":
-        return None
-    while back is not None and back.f_code.co_filename.replace("\\", "/").endswith(
-            _SIMULATOR_FILES):
-        back = back.f_back
-    return back
-
-
-def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
-    """The AST of the expression the caller passed for parameter ``name``, or None."""
-    import ast
-
-    tree = _parse(caller.f_code.co_filename)
-    if tree is None:
-        return None
-    code = frame.f_code
-    params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
-    position = params.index(name)
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call)
-                and node.lineno <= caller.f_lineno <= (node.end_lineno or node.lineno)):
-            continue
-        func = node.func
-        called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-        if called != code.co_name:
-            continue
-        for kw in node.keywords:
-            if kw.arg == name:
-                return kw.value
-        if position < len(node.args) and not any(
-                isinstance(a, ast.Starred) for a in node.args[: position + 1]):
-            return node.args[position]
-    return None
-
-
-def _shape_problem(node: Any, frame: Any) -> str | None:
-    """Why the AST ``node`` of an array shape is not a compile-time constant, or None."""
-    import ast
-
-    if isinstance(node, ast.Constant) and isinstance(node.value, int):
-        return None
-    if isinstance(node, ast.Tuple):
-        for elt in node.elts:
-            problem = _shape_problem(elt, frame)
-            if problem:
-                return problem
-        return None
-    if isinstance(node, ast.Attribute):  # module.CONSTANT
-        return None
-    if isinstance(node, ast.Name):
-        code = frame.f_code
-        if node.id in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]:
-            caller = _device_function_caller(frame)
-            if caller is None:
-                return f"`{node.id}` is a kernel argument, known only at launch"
-            # A device function is compiled for each call site: a parameter is a
-            # compile-time constant when the caller passes one (a literal tuple, a
-            # global), so judge the expression at the call site instead.
-            passed = _argument_at_call_site(node.id, frame, caller)
-            if passed is None:
-                return None  # cannot tell from the source: do not refuse valid code
-            return _shape_problem(passed, caller)
-        return None  # a global or closure constant (or a local numba can fold)
-    return f"`{ast.unparse(node)}` is computed inside the kernel"
-
-
-def check_constant_shape(frame: Any, what: str) -> None:
-    """Raise LaunchConfigError if the array shape at ``frame``'s line is not constant.
-
-    On a GPU, ``cuda.shared.array`` and ``cuda.local.array`` need shapes fixed at
-    compile time: int literals, or module-level / closure ints, or tuples of
-    them. An expression such as ``TILE + 1`` inside the kernel is an int64
-    there and the kernel fails to compile, while the simulator would accept it.
-    """
-    import ast
-
-    key = (frame.f_code.co_filename, frame.f_lineno)
-    caller = _device_function_caller(frame)
-    # A device function's verdict depends on what its caller passes.
-    cache_key = key if caller is None else key + (caller.f_code.co_filename, caller.f_lineno)
-    if cache_key not in _shape_verdicts:
-        verdict = None
-        tree = _parse(key[0])
-        if tree:
-            for node in ast.walk(tree):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "array"
-                        and node.lineno <= key[1] <= (node.end_lineno or node.lineno)):
-                    shape = node.args[0] if node.args else next(
-                        (k.value for k in node.keywords if k.arg == "shape"), None)
-                    if shape is not None:
-                        verdict = _shape_problem(shape, frame)
-                        break
-        _shape_verdicts[cache_key] = verdict
-    problem = _shape_verdicts[cache_key]
-    if problem:
-        raise LaunchConfigError(
-            f"{what} at {key[0]}:{key[1]}: the shape must be a compile-time constant on a "
-            f"GPU, but {problem}. Use int literals or module-level constants "
-            "(e.g. TILE_PADDED = TILE + 1 at the top of the file), or capture the ints "
-            "in a kernel factory's closure."
-        )
-
-
-def _install_simulator_checks() -> None:
-    import numpy as np
-    from numba.cuda.simulator import kernel as sim_kernel
-    from numba.cuda.simulator import kernelapi as sim_api
-
-    from . import racecheck
-
-    kernel_cls = sim_kernel.FakeCUDAKernel
-    if getattr(kernel_cls, "_course_checks", False):
-        return
-    original_getitem = kernel_cls.__getitem__
-    original_call = kernel_cls.__call__
-
-    def getitem(self: Any, configuration: Any) -> Any:
-        if not isinstance(configuration, tuple) or len(configuration) < 2:
-            raise LaunchConfigError(
-                "launch a kernel as kernel[blocks_per_grid, threads_per_block](...)"
-            )
-        dyn = configuration[3] if len(configuration) == 4 else 0
-        check_launch(configuration[0], configuration[1], dyn)
-        return original_getitem(self, configuration)
-
-    def call(self: Any, *args: Any) -> Any:
-        __tracebackhide__ = True
-        if self._device or sim_kernel._kernel_context:
-            return original_call(self, *args)
-        with racecheck.launch(self.fn, args):
-            if _interleave_depth == 0:
-                return original_call(self, *args)
-            old = sys.getswitchinterval()
-            sys.setswitchinterval(INTERLEAVED_SWITCH_INTERVAL_S)
-            try:
-                return original_call(self, *args)
-            finally:
-                sys.setswitchinterval(old)
-
-    kernel_cls.__getitem__ = getitem
-    kernel_cls.__call__ = call
-    racecheck.install()
-    _install_sequential_blocks(sim_kernel)
-
-    def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
-        # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
-        # per source line, shared by the block), plus the GPU's rules: a
-        # compile-time constant shape and at most 48 KiB per block. `alignment`
-        # only steers code generation, so it is accepted and ignored here (the
-        # simulator's own version raises). The caller's frame is taken
-        # explicitly because the simulator keys allocations on it.
-        frame = sys._getframe(1)
-        check_constant_shape(frame, "cuda.shared.array")
-        from numba.core import types
-        from numba.np import numpy_support
-
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        dtype = np.dtype(dtype)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
-        if shape == 0:
-            count = self._dynshared_size // dtype.itemsize
-            ary = np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
-        else:
-            # The simulator's own version checks and creates without a lock: with
-            # fine thread switching two threads of a block could each create
-            # "their" shared array and never see each other's writes.
-            with _shared_alloc_lock:
-                ary = _get_or_create(self, caller, shape, dtype)
-        return racecheck.SharedArray(ary) if racecheck.ENABLED else ary
-
-    def _get_or_create(self: Any, caller: tuple[str, int], shape: Any, dtype: Any) -> Any:
-        res = self._allocations.get(caller)
-        if res is None:
-            res = np.empty(shape, dtype)
-            used = sum(a.nbytes for a in self._allocations.values())
-            total = used + res.nbytes + self._dynshared_size
-            if total > MAX_STATIC_SHARED_BYTES:
-                raise LaunchConfigError(
-                    f"this block asks for {total} bytes of shared memory "
-                    f"({caller[0]}:{caller[1]} adds {res.nbytes}); a GPU allows "
-                    f"{MAX_STATIC_SHARED_BYTES} bytes of static shared memory per "
-                    "block, so this kernel would not compile for it. Use smaller tiles."
-                )
-            self._allocations[caller] = res
-        return res
-
-    def local_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
-        check_constant_shape(sys._getframe(1), "cuda.local.array")
-        return original_local_array(self, shape, dtype)
-
-    original_local_array = sim_api.FakeCUDALocal.array
-    sim_api.FakeCUDAShared.array = shared_array
-    sim_api.FakeCUDALocal.array = local_array
-    kernel_cls._course_checks = True
-
-
-
-# --------------------------------------------------------------------------
-# Simulator speed: barrier-free blocks run their threads one after another
-# --------------------------------------------------------------------------
-
-# Names whose use in a kernel (or anything it calls) means its threads must run
-# side by side, as the simulator does, to meet at a barrier.
-_BARRIER_NAMES = frozenset({"syncthreads", "syncthreads_count", "syncthreads_and",
-                            "syncthreads_or", "syncwarp", "this_grid", "sync"})
-_barrier_verdicts: dict[Any, bool] = {}
-
-
-def _code_names(code: Any) -> set[str]:
-    names = set(code.co_names) | set(code.co_freevars)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _code_names(const)
-    return names
-
-
-def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
-    """True if ``fn`` (a kernel's Python function) or any function it can call may
-    reach a barrier; True too whenever that cannot be told from the code."""
-    import types
-
-    seen = set() if seen is None else seen
-    if id(fn) in seen:
-        return False
-    seen.add(id(fn))
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return True
-    names = _code_names(code)
-    if names & _BARRIER_NAMES:
-        return True
-    candidates = [fn.__globals__[n] for n in names if n in fn.__globals__]
-    candidates += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
-    for obj in candidates:
-        if isinstance(obj, types.ModuleType):
-            if obj.__name__.split(".")[0] in ("numpy", "math", "numba", "cmath"):
-                continue
-            # module.function: look at the attributes this code names
-            obj_candidates = [getattr(obj, n) for n in names if hasattr(obj, n)]
-        else:
-            obj_candidates = [obj]
-        for target in obj_candidates:
-            inner = getattr(target, "py_func", None) or getattr(target, "fn", None)
-            if inner is not None and getattr(inner, "__code__", None) is not None:
-                target = inner
-            if isinstance(target, types.FunctionType) and _uses_barrier(target, seen):
-                return True
-    return False
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018  (an empty cell raises)
-    except ValueError:
-        return False
-    return True
-
-
-def _barrier_free(fn: Any) -> bool:
-    verdict = _barrier_verdicts.get(fn)
-    if verdict is None:
-        verdict = _barrier_verdicts[fn] = not _uses_barrier(fn)
-    return verdict
-
-
-def _install_sequential_blocks(sim_kernel: Any) -> None:
-    """The simulator starts one OS thread per CUDA thread (about 0.1 ms each) so
-    that threads can meet at barriers. A kernel that never reaches a barrier does
-    not need that: its threads may run in any order, one after another, in one
-    thread per block, which makes naive kernels several times faster to simulate.
-    Races are still found: the race detector judges accesses, not timing.
-    Under :func:`interleaved_threads` (race demonstrations) blocks keep the
-    simulator's own threads."""
-    from numba.cuda.simulator.kernelapi import Dim3
-
-    from . import racecheck
-
-    manager_cls = sim_kernel.BlockManager
-    threaded_run = manager_cls.run
-
-    def run(self: Any, grid_point: Any, *args: Any) -> Any:
-        __tracebackhide__ = True
-        if _interleave_depth:
-            return threaded_run(self, grid_point, *args)
-        if not _barrier_free(self._f):
-            return _run_with_barriers(self, sim_kernel, grid_point, args)
-        racecheck.on_block_start()
-        block_dim = self._block_dim
-        failure: list[Any] = []
-
-        def one_after_another() -> None:
-            t = threading.current_thread()
-            t.blockIdx = Dim3(*grid_point)
-            for point in np.ndindex(*block_dim):
-                t.threadIdx = Dim3(*point)
-                t.thread_id = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
-                t._race_state = None
-                try:
-                    self._f(*args)
-                except Exception as e:  # noqa: BLE001  (re-raised below, as the simulator does)
-                    tid, ctaid = list(point), list(grid_point)
-                    msg = f"tid={tid} ctaid={ctaid}" + (f": {e}" if str(e) else "")
-                    failure.append((type(e)(msg), sys.exc_info()[2]))
-                    return
-
-        import numpy as np
-
-        worker = threading.Thread(target=one_after_another, daemon=True)
-        worker.syncthreads = _no_barrier  # type: ignore[attr-defined]
-        worker.start()
-        worker.join()
-        if failure:
-            raise failure[0][0].with_traceback(failure[0][1])
-        racecheck.on_block_end()
-        return None
-
-    manager_cls.run = run
-
-
-class _BlockBarrier:
-    """``cuda.syncthreads()`` for one simulated block: threads wait on a condition
-    until every thread still running has arrived (a thread that has returned no
-    longer counts, as on a GPU). The simulator's own version polls its threads
-    from a busy loop that holds the GIL for whole switch intervals; waiting here
-    costs nothing while the others run."""
-
-    def __init__(self, parties: int) -> None:
-        self.live = parties
-        self.waiting = 0
-        self.generation = 0
-        self.aborted = False
-        self.cond = threading.Condition()
-
-    def wait(self) -> None:
-        with self.cond:
-            if self.aborted:
-                raise RuntimeError("another thread of the block failed")
-            generation = self.generation
-            self.waiting += 1
-            if self.waiting == self.live:
-                self._release()
-                return
-            while generation == self.generation and not self.aborted:
-                self.cond.wait()
-            if self.aborted:
-                raise RuntimeError("another thread of the block failed")
-
-    def leave(self) -> None:
-        with self.cond:
-            self.live -= 1
-            if self.waiting and self.waiting == self.live:
-                self._release()
-
-    def abort(self) -> None:
-        with self.cond:
-            self.aborted = True
-            self.cond.notify_all()
-
-    def _release(self) -> None:
-        self.waiting = 0
-        self.generation += 1
-        self.cond.notify_all()
-
-
-def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any) -> None:
-    """Run one block whose threads meet at barriers: one OS thread per CUDA thread,
-    as the simulator does, but waiting on a condition instead of being polled."""
-    __tracebackhide__ = True
-    import numpy as np
-
-    from . import racecheck
-
-    racecheck.on_block_start()
-    block_dim = manager._block_dim
-    points = list(np.ndindex(*block_dim))
-    barrier = _BlockBarrier(len(points))
-    failures: list[tuple[int, Any, Any]] = []
-
-    class _Thread(sim_kernel.BlockThread):
-        def syncthreads(self) -> None:
-            racecheck.on_barrier_arrive()
-            barrier.wait()
-            racecheck.on_barrier_leave()
-
-        def run(self) -> None:
-            try:
-                manager._f(*args)
-            except Exception as e:  # noqa: BLE001  (re-raised by the launching thread)
-                if not barrier.aborted:
-                    tid, ctaid = list(self.threadIdx), list(self.blockIdx)
-                    msg = f"tid={tid} ctaid={ctaid}" + (f": {e}" if str(e) else "")
-                    failures.append((self.thread_id, type(e)(msg), sys.exc_info()[2]))
-                barrier.abort()
-            finally:
-                barrier.leave()
-
-    threads = [_Thread(None, manager, grid_point, point, False) for point in points]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failures:
-        _, exc, tb = min(failures, key=lambda f: f[0])
-        raise exc.with_traceback(tb)
-    racecheck.on_block_end()
-
-
-def _no_barrier(*_: Any) -> None:
-    raise RuntimeError("internal error: a kernel judged barrier-free reached a barrier; "
-                       "set COURSE_RACECHECK=0 and report it")
+def cache_dir(name: str) -> Path:
+    """The course's cache folder for ``name`` (a dataset, measured peaks):
+    ``$XDG_CACHE_HOME/cuda-python-course/<name>``, ``~/.cache`` by default."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "cuda-python-course" / name
+
+
+def device_name() -> str:
+    """The GPU's name (``"NVIDIA H100 80GB HBM3"``), or ``"simulator"``."""
+    if is_simulator():
+        return "simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def sm_count() -> int:
+    """Streaming multiprocessors on the current GPU; 2 in the simulator, which
+    keeps grids sized "a few blocks per SM" tiny there."""
+    if is_simulator():
+        return 2
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -690,4 +192,13 @@ def ceil_div(a: int, b: int) -> int:
 
 
 if is_simulator():
-    _install_simulator_checks()
+    from .internal import simulator as _simulator
+
+    _simulator.install()
+    interleaved_threads = _simulator.interleaved_threads
+else:
+
+    @contextlib.contextmanager
+    def interleaved_threads() -> Iterator[None]:
+        """No effect on a GPU (see common.internal.simulator.interleaved_threads)."""
+        yield

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .runtime import is_simulator
+from .runtime import cache_dir, device_name, is_simulator
 
 SIMULATOR_NOTE = "simulator: not timed; timings need a GPU"
 
@@ -100,6 +100,18 @@ class Timing:
             fraction_of_sgemm_peak=self.fraction_of_sgemm_peak,
         )
         return d
+
+
+def cpu_ms(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """Median wall time of ``fn()`` in ms over ``repeats`` calls, for CPU code
+    (a Python loop, NumPy) timed beside the kernels. No warm-up: call it once
+    yourself first where the first call pays for something (an import, a cache)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
 def _synchronize() -> None:
@@ -188,17 +200,14 @@ PEAKS_METHOD = 2
 
 
 def _cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(root) / "cuda-python-course" / "peaks.json"
+    return cache_dir("peaks.json")
 
 
 def _device_key() -> str:
     from numba import cuda
 
-    dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-    uuid = getattr(dev, "uuid", "")
-    return f"{name} {uuid}".strip()
+    uuid = getattr(cuda.get_current_device(), "uuid", "")
+    return f"{device_name()} {uuid}".strip()
 
 
 def measure_copy_gbps(nbytes: int = 1 << 30, repeats: int = 10) -> float:

@@ -1,16 +1,18 @@
-"""Check every capstone kernel at full size against torch autograd, then time a step.
+"""Check every capstone kernel at full size against the float64 reference, then time a step.
 
     python -m final_project.check_gpu [--out runs/final_project] [--batches 64 256 1024]
 
 1. Each layer's forward and backward at the network's real shapes (batch 64,
-   28x28, 32/64 channels, 128 hidden) against torch.autograd in float64 on the
-   CPU (final_project.checks), rel error < 1e-4; prints every error. The sums
+   28x28, 32/64 channels, 128 hidden) against the NumPy float64 reference
+   (final_project.reference, through final_project.checks), rel error < 1e-4;
+   prints every error. The sums
    over a whole batch (conv and batchnorm weight and bias gradients, naive and
    fast) again at batch 1024, held to SUM_TOL = 2e-6: a float32 accumulator
    over 800k terms fails there, and passes 1e-4.
-2. One full NumbaCNN training step against the float64 torch twin (loss, every
-   gradient, parameters and running statistics after the update), and the
-   evaluation-mode forward; the same for FastCNN at batch 64 and 1024.
+2. One full NumbaCNN training step against the float64 reference (loss, every
+   gradient, parameters and running statistics after the update:
+   final_project.checks.check_train_step, the check ``train --check`` runs), and
+   the evaluation-mode forward; the same for FastCNN at batch 64 and 1024.
 3. Times, with CUDA events (common.timing.benchmark), the forward (with loss),
    backward, SGD update and whole step at each batch size, and each layer's
    forward and backward, so we see where the time goes. Writes
@@ -20,7 +22,11 @@ Exits non-zero if any check fails. In the simulator the same code runs at tiny
 sizes (timings are not measured there).
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError, check, guarded, random_array
+from common.runtime import is_simulator, pick
+from common.timing import benchmark, device_peaks, format_table, write_json
+
 import argparse
 import sys
 from pathlib import Path
@@ -28,13 +34,7 @@ from pathlib import Path
 import numpy as np
 from numba import cuda
 
-import torch
-import torch.nn.functional as F
-
-from common.checking import CheckError, check, guarded, random_array
-from common.runtime import is_simulator, pick
-from common.timing import benchmark, device_peaks, format_table, write_json
-from final_project import checks as C
+from final_project import checks, reference
 from final_project import fast_conv as FC
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN
@@ -67,23 +67,22 @@ def _hold_long_sums(errs: dict[str, float], where: str) -> dict[str, float]:
 def check_fast_conv_grad_weight(rng, n: int, c_in: int, c_out: int, h: int, w: int
                                 ) -> dict[str, float]:
     """FastCNN's weight-gradient kernel (split-K implicit GEMM, default tiles)
-    for a 3x3 'same' convolution of x (n, c_in, h, w), against torch in float64,
-    held to SUM_TOL."""
+    for a 3x3 'same' convolution of x (n, c_in, h, w), against the float64
+    reference, held to SUM_TOL."""
     x = random_array((n, c_in, h, w), np.float32, rng)
     dout = random_array((n, c_out, h, w), np.float32, rng)
-    tw = torch.zeros((c_out, c_in, 3, 3), dtype=torch.float64, requires_grad=True)
-    tb = torch.zeros(c_out, dtype=torch.float64, requires_grad=True)
-    F.conv2d(torch.from_numpy(x.astype(np.float64)), tw, tb, padding=1).backward(
-        torch.from_numpy(dout.astype(np.float64)))
-    dw, db = guarded(tuple(tw.shape), np.float32), guarded(c_out, np.float32)
+    _, cache = reference.conv2d_forward(x.astype(np.float64),
+                                        np.zeros((c_out, c_in, 3, 3)), np.zeros(c_out), 1)
+    _, want_dw, want_db = reference.conv2d_backward(dout.astype(np.float64), cache)
+    dw, db = guarded(want_dw.shape, np.float32), guarded(c_out, np.float32)
     partials = cuda.device_array(
         FC.conv2d_grad_weight_igemm_partials_shape(n, h, w, c_out, c_in, 3), np.float32)
     FC.conv2d_grad_weight_igemm(cuda.to_device(dout), cuda.to_device(x), 1, dw.array, db.array,
                                 partials)
     dw.check_untouched("fast conv grad weight")
     db.check_untouched("fast conv grad bias")
-    return {"fast conv grad weight": check(dw.array, tw.grad, SUM_TOL, "fast conv grad weight"),
-            "fast conv grad bias": check(db.array, tb.grad, SUM_TOL, "fast conv grad bias")}
+    return {"fast conv grad weight": check(dw.array, want_dw, SUM_TOL, "fast conv grad weight"),
+            "fast conv grad bias": check(db.array, want_db, SUM_TOL, "fast conv grad bias")}
 
 
 def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
@@ -94,33 +93,38 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
     for batch in sorted({n, big}):
         b = "" if batch == n else f" b{batch}"
         for name, layer_errs in (
-                ("conv1", C.check_conv2d(rng, batch, config.in_channels, config.c1, h, w)),
-                ("conv2", C.check_conv2d(rng, batch, config.c1, config.c2, h // 2, w // 2)),
-                ("bn1", C.check_batchnorm(rng, batch, config.c1, h, w)),
-                ("bn2", C.check_batchnorm(rng, batch, config.c2, h // 2, w // 2))):
+                ("conv1", checks.check_conv2d(rng, batch, config.in_channels, config.c1, h, w)),
+                ("conv2", checks.check_conv2d(rng, batch, config.c1, config.c2, h // 2, w // 2)),
+                ("bn1", checks.check_batchnorm(rng, batch, config.c1, h, w)),
+                ("bn2", checks.check_batchnorm(rng, batch, config.c2, h // 2, w // 2))):
             errs.update({f"{name}{b} {k}": v
                          for k, v in _hold_long_sums(layer_errs, f"{name}{b}").items()})
     errs.update({f"conv1 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
         rng, big, config.in_channels, config.c1, h, w).items()})
     errs.update({f"conv2 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
         rng, big, config.c1, config.c2, h // 2, w // 2).items()})
-    errs.update(C.check_relu(rng, (n, config.c1, h, w)))
-    errs.update({f"pool1 {k}": v for k, v in C.check_maxpool(rng, n, config.c1, h, w).items()})
-    errs.update({f"fc1 {k}": v for k, v in C.check_linear(
+    errs.update(checks.check_relu(rng, (n, config.c1, h, w)))
+    errs.update({f"pool1 {k}": v for k, v in checks.check_maxpool(rng, n, config.c1, h, w).items()})
+    errs.update({f"fc1 {k}": v for k, v in checks.check_linear(
         rng, n, config.flat_features, config.hidden).items()})
-    errs.update({f"fc2 {k}": v for k, v in C.check_linear(
+    errs.update({f"fc2 {k}": v for k, v in checks.check_linear(
         rng, n, config.hidden, config.num_classes).items()})
-    errs.update(C.check_log_softmax_nll(rng, n, config.num_classes))
-    errs.update(C.check_sgd(rng, pick(gpu=500_000, simulator=100)))
-    errs.update({f"step {k}": v for k, v in C.check_train_step(config, n, rng).items()})
-    errs.update(C.check_eval_forward(config, n, rng))
-    # The fast model (fused and tiled kernels, CUDA graph) against the same twin,
-    # at the check batch and at the largest one: its batch-long sums (weight
-    # gradients over N*H*W = 800k terms at 1024) are only exercised at full size.
-    for batch in sorted({n, pick(gpu=1024, simulator=n)}):
-        errs.update({f"fast step b{batch} {k}": v for k, v in C.check_train_step(
-            config, batch, rng, model_cls=FastCNN).items()})
-    errs.update({f"fast {k}": v for k, v in C.check_eval_forward(
+    errs.update(checks.check_log_softmax_nll(rng, n, config.num_classes))
+    errs.update(checks.check_sgd(rng, pick(gpu=500_000, simulator=100)))
+    x, y = checks.random_batch(config, n, rng)
+    model = NumbaCNN(config, max_batch=n, seed=0)
+    errs.update({f"step {k}": v for k, v in checks.check_train_step(model, x, y, 0.1).items()})
+    errs.update(checks.check_eval_forward(config, n, rng))
+    # The fast model (fused and tiled kernels, CUDA graph) against the same
+    # reference, at the check batch and at the largest one: its batch-long sums
+    # (weight gradients over N*H*W = 800k terms at 1024) are only exercised at
+    # full size.
+    for batch in sorted({n, big}):
+        x, y = checks.random_batch(config, batch, rng)
+        model = FastCNN(config, max_batch=batch, seed=0)
+        errs.update({f"fast step b{batch} {k}": v for k, v in checks.check_train_step(
+            model, x, y, 0.1).items()})
+    errs.update({f"fast {k}": v for k, v in checks.check_eval_forward(
         config, n, rng, model_cls=FastCNN).items()})
     return errs
 
@@ -128,7 +132,7 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
 def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:
     """Timings (ms) of forward+loss, backward, update, the whole step, and each layer."""
     model = NumbaCNN(config, max_batch=batch, seed=0)
-    x, y = C.random_batch(config, batch, rng)
+    x, y = checks.random_batch(config, batch, rng)
     x, y = cuda.to_device(x), cuda.to_device(y)
     model.train_step(x, y, 0.01)  # compiles every kernel
 
@@ -136,9 +140,9 @@ def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:
         model.criterion.forward(model._forward(x, True), y)
 
     def update():
-        from final_project import kernels as K
+        from final_project import kernels
 
-        K.sgd_update(model.params.flat, model.grads.flat, 0.01)
+        kernels.sgd_update(model.params.flat, model.grads.flat, 0.01)
 
     kw = dict(warmup=2, repeats=repeats)
     results = [
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(k) for k in errs)
     for k, v in errs.items():
         print(f"  {k:<{width}}  {v:.2e}")
-    print(f"all {len(errs)} checks passed (largest {max(errs.values()):.2e}, tolerance {C.TOL})")
+    print(f"all {len(errs)} checks passed (largest {max(errs.values()):.2e}, tolerance {checks.TOL})")
 
     results = []
     for b in batches:

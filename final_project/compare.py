@@ -38,8 +38,10 @@ against batch size). In the simulator it runs the tiny configuration of
 from __future__ import annotations
 
 # isort: off
-import common  # (first: picks GPU or simulator before numba is imported)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 # isort: on
+from common.runtime import device_name
+
 import argparse
 import dataclasses
 import json
@@ -53,6 +55,7 @@ import torch
 from numba import cuda
 
 from final_project import data as fdata
+from final_project import datasets
 from final_project import train as ftrain
 from final_project.fast_model import STAGES, FastCNN
 from final_project.model import NumbaCNN, init_params, param_shapes
@@ -108,9 +111,7 @@ def train_torch(
     history, step = [], 0
     for epoch in range(1, epochs + 1):
         batches.prepare(rng)
-        n_steps = len(batches)
-        if max_steps is not None:
-            n_steps = min(n_steps, max_steps - step)
+        n_steps = ftrain.steps_this_epoch(batches, max_steps, step)
         if n_steps <= 0:
             break
         losses = []
@@ -199,7 +200,7 @@ def time_steps(
         if name in OURS:
             _, step = _our_stepper(name, config, init, batches, lr)
 
-            def run(k: int, step=step) -> None:
+            def run(k: int, step=step, counter=counter) -> None:
                 for _ in range(k):
                     step(next(counter) % n_batches)
 
@@ -211,7 +212,7 @@ def time_steps(
             y.copy_(ys[0])
             ts = make_torch_step(name.removeprefix("torch "), config, init, x, y, lr, device)
 
-            def run(k: int, ts=ts, x=x, y=y) -> None:
+            def run(k: int, ts=ts, x=x, y=y, counter=counter) -> None:
                 for _ in range(k):
                     j = next(counter) % n_batches
                     x.copy_(xs[j], non_blocking=True)
@@ -509,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     # kernels are FP32, so the default comparison turns TF32 off on both paths.
     torch.backends.cudnn.allow_tf32 = args.torch_tf32
     torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
-    gpu = ftrain.device_name()
+    gpu = device_name()
     if common.is_simulator():
         print(f"simulator (no GPU): {ftrain.TINY.describe() if tiny else 'the full network'}; "
               f"torch on {device}; the timings say nothing about a GPU")
@@ -517,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GPU: {gpu}; torch on {device}")
     try:
         ds = ftrain.load_data(args)
-    except (fdata.DataError, ValueError) as e:
+    except (datasets.DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"data: {ds.source}: {len(ds.train_labels)} train / {len(ds.test_labels)} test")

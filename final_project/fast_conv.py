@@ -65,14 +65,14 @@ Choices that matter for speed, and why:
 Run the checks: ``python -m pytest tests/test_final_project_fast_conv.py -q``.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import require_device_array
+from common.runtime import ceil_div, jit, pick
+
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint64
-
-from common.checking import require_device_array
-from common.runtime import ceil_div, jit, pick
 
 # The simulator refuses shared-memory alignment; on a GPU 16 bytes allows LDS.128.
 SMEM_ALIGN = pick(gpu=16, simulator=None)
@@ -395,10 +395,10 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                     for e in range(ROW_K):
                         a_tile[uint64(cur * A_BUF + a_dst + (cc * R * ROW_K + e) * AP)] = \
                             a_next[cc * ROW_K + e]
-                for l in range(B_LOADS):
-                    idx = tid + l * THREADS
+                for load in range(B_LOADS):
+                    idx = tid + load * THREADS
                     if B_EVEN or idx < B_ITEMS:
-                        b_tile[uint64(cur * B_BUF + (idx % BK) * BNP + idx // BK)] = b_next[l]
+                        b_tile[uint64(cur * B_BUF + (idx % BK) * BNP + idx // BK)] = b_next[load]
                 cuda.syncthreads()
             if t + 1 < k_tiles:
                 tt = t + 1
@@ -416,8 +416,8 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                             if row_ok and (colmask >> kw) & 1:
                                 v = x[uint64(rbase + kw)]
                             a_next[(cc * KR + r) * KSIZE + kw] = v
-                for l in range(B_LOADS):
-                    idx = tid + l * THREADS
+                for load in range(B_LOADS):
+                    idx = tid + load * THREADS
                     nl = idx // BK  # k fastest: a warp reads runs of w[co, ci0:, kh0:, :]
                     kl = idx % BK
                     co = col0 + nl
@@ -429,7 +429,7 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                     v = float32(0.0)
                     if (B_EVEN or idx < B_ITEMS) and co < c_out and ci < c_in and kh < KSIZE:
                         v = w[uint64(co * s_n + ci * s_c + tap)]
-                    b_next[l] = v
+                    b_next[load] = v
             if t >= 0:
                 a_base = cur * A_BUF + tm * GM
                 b_base = cur * B_BUF + tn * GN
@@ -696,11 +696,11 @@ def make_conv2d_direct(TXP, TP, TYC, TC, KSIZE, CI_CHUNK, MIN_BLOCKS=2):
             x_off[i] = img * c_in * hw + (oh - pad) * width + (ow - pad)
             rows = 0
             cols = 0
-            for kk in range(KSIZE):
-                if oh - pad + kk >= 0 and oh - pad + kk < height:
-                    rows |= 1 << kk
-                if ow - pad + kk >= 0 and ow - pad + kk < width:
-                    cols |= 1 << kk
+            for tap in range(KSIZE):
+                if oh - pad + tap >= 0 and oh - pad + tap < height:
+                    rows |= 1 << tap
+                if ow - pad + tap >= 0 and ow - pad + tap < width:
+                    cols |= 1 << tap
             mask = rows | (cols << 32)
             if TAP_MASK:  # bit kh * K + kw
                 mask = 0
@@ -860,7 +860,7 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
     ones (its sum is db), K = the chunk's pixels m = (n, oh, ow). Thread
     mapping for the loads: pixel ``tid % BK`` of the K-tile (its (n, oh, ow)
     decoded once, then advanced with carries, no division), rows/columns
-    ``tid // BK + l * RA``; a column's (ci, kh, kw) comes from a per-block
+    ``tid // BK + load * RA``; a column's (ci, kh, kw) comes from a per-block
     table in shared memory. Compute as the forward kernel (TM x TN register
     tiles, LDS.128 fragments, register double buffering). Kernel arguments:
     (dout, x, partials, batch, c_in, height, width, c_out, h_out, w_out, ksize,
@@ -943,22 +943,22 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
         for t in range(-1, k_tiles):
             cur = t & 1
             if t >= 0:
-                for l in range(A_LOADS):
-                    a_tile[uint64(cur * A_BUF + mq * AP + q0 + l * RA)] = a_next[l]
-                for l in range(B_LOADS):
-                    b_tile[uint64(cur * B_BUF + mq * BNP + q0 + l * RA)] = b_next[l]
+                for load in range(A_LOADS):
+                    a_tile[uint64(cur * A_BUF + mq * AP + q0 + load * RA)] = a_next[load]
+                for load in range(B_LOADS):
+                    b_tile[uint64(cur * B_BUF + mq * BNP + q0 + load * RA)] = b_next[load]
                 cuda.syncthreads()
             if t + 1 < k_tiles:
                 m_ok = m < m_end
                 d_at = (img * c_out + row0 + q0) * ohw + oh * w_out + ow
-                for l in range(A_LOADS):
+                for load in range(A_LOADS):
                     v = float32(0.0)
-                    if m_ok and row0 + q0 + l * RA < c_out:
-                        v = dout[uint64(d_at + l * RA * ohw)]
-                    a_next[l] = v
+                    if m_ok and row0 + q0 + load * RA < c_out:
+                        v = dout[uint64(d_at + load * RA * ohw)]
+                    a_next[load] = v
                 x_at = img * c_in * hw + (oh - pad) * width + (ow - pad)
-                for l in range(B_LOADS):
-                    jl = q0 + l * RA
+                for load in range(B_LOADS):
+                    jl = q0 + load * RA
                     ih = oh - pad + tab_kh[jl]
                     iw = ow - pad + tab_kw[jl]
                     v = float32(0.0)
@@ -967,7 +967,7 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
                             v = x[uint64(x_at + tab_off[jl])]
                         elif tab_kh[jl] == _ONES_ROW:
                             v = float32(1.0)
-                    b_next[l] = v
+                    b_next[load] = v
                 m += BK
                 ow += dw
                 oh += dh

@@ -42,12 +42,12 @@ graph. Sources: batchnorm forward and backward as in Ioffe and Szegedy 2015
 fused classifier as in llm.c's ``fused_classifier`` (Karpathy 2024).
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import ceil_div, pick
+
 import math
 
 from numba import cuda, float32, float64, int32
-
-from common.runtime import ceil_div, pick
 
 THREADS = pick(gpu=256, simulator=32)  # elementwise kernels: threads per block
 REDUCE_THREADS = pick(gpu=128, simulator=16)  # per-channel finalize blocks
@@ -411,40 +411,40 @@ def make_gemm_splitk(TRANS_A, TRANS_B, ONES_COL, BM=GEMM_BM, BN=GEMM_BN, BK=GEMM
             for r in range(tid, BM * BK, NTHREADS):
                 if TRANS_A:
                     mm = r % BM
-                    kk = r // BM
+                    dk = r // BM
                     m = m0 + mm
-                    k = k0 + kk
-                    a_tile[kk, mm] = a[k, m] if (m < m_size and k < k_end) else float32(0.0)
+                    k = k0 + dk
+                    a_tile[dk, mm] = a[k, m] if (m < m_size and k < k_end) else float32(0.0)
                 else:
-                    kk = r % BK
+                    dk = r % BK
                     mm = r // BK
                     m = m0 + mm
-                    k = k0 + kk
-                    a_tile[kk, mm] = a[m, k] if (m < m_size and k < k_end) else float32(0.0)
+                    k = k0 + dk
+                    a_tile[dk, mm] = a[m, k] if (m < m_size and k < k_end) else float32(0.0)
             for r in range(tid, BN * BK, NTHREADS):
                 if TRANS_B:
-                    kk = r % BK
+                    dk = r % BK
                     jj = r // BK
                 else:
                     jj = r % BN
-                    kk = r // BN
+                    dk = r // BN
                 j = j0 + jj
-                k = k0 + kk
+                k = k0 + dk
                 v = float32(0.0)
                 if k < k_end:
                     if j < j_data:
                         v = b[j, k] if TRANS_B else b[k, j]
                     elif ONES_COL and j == j_data:
                         v = float32(1.0)
-                b_tile[kk, jj] = v
+                b_tile[dk, jj] = v
             cuda.syncthreads()
             # Outer products: per k, TM + TN shared loads (into registers) feed
             # TM*TN FMAs.
-            for kk in range(BK):
+            for dk in range(BK):
                 for i in range(TM):
-                    a_frag[i] = a_tile[kk, ty + i * (BM // TM)]
+                    a_frag[i] = a_tile[dk, ty + i * (BM // TM)]
                 for jj in range(TN):
-                    b_frag[jj] = b_tile[kk, tx + jj * NTX]
+                    b_frag[jj] = b_tile[dk, tx + jj * NTX]
                 for i in range(TM):
                     for jj in range(TN):
                         acc[i, jj] += a_frag[i] * b_frag[jj]

@@ -31,14 +31,15 @@ Usage::
     loss = model.loss.copy_to_host()[0]
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import is_simulator
+
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
-from common.runtime import is_simulator
 from final_project import fast_conv as fconv
 from final_project import fast_layers as fl
 from final_project import kernels as naive

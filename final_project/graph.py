@@ -19,11 +19,11 @@ numba-cuda): ``cuStreamBeginCapture``, ``cuStreamEndCapture``,
 ``cuGraphInstantiate``, ``cuGraphLaunch``.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import is_simulator
+
 from collections.abc import Callable
 from typing import Any
-
-from common.runtime import is_simulator
 
 
 def _check(result: tuple, what: str) -> Any:

@@ -1,8 +1,10 @@
 """Every operation of the capstone CNN's training step as a plain ``@cuda.jit`` kernel.
 
 Version 1 of each op is naive: one thread per output element, which loops over
-whatever it sums. Faster versions (tiling, im2col + SGEMM, warp reductions)
-come in a later issue; these are the readable baseline the tests trust.
+whatever it sums. These are the readable baseline; the fast versions (implicit
+GEMM, fused and split-K kernels) are in :mod:`final_project.fast_conv` and
+:mod:`final_project.fast_layers`, and every one of them is checked against the
+same float64 reference (:mod:`final_project.reference`).
 
     conv2d_forward_naive          thread per output (n, co, oh, ow): loops ci, kh, kw
     conv2d_grad_input_naive       thread per input (n, ci, h, w): gathers from dout, no atomics
@@ -50,12 +52,12 @@ Run the checks: ``python -m pytest tests/test_final_project_layers.py -q``
 (simulator) or ``python -m final_project.check_gpu`` (GPU, full sizes).
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.runtime import ceil_div, pick
+
 import math
 
 from numba import cuda, float64
-
-from common.runtime import ceil_div, pick
 
 # 256 threads a block on a GPU (8 warps: enough to hide latency, small enough
 # that even a 64-channel op fills several blocks). The simulator runs one Python
@@ -67,6 +69,21 @@ THREADS_PER_BLOCK = pick(gpu=256, simulator=32)
 def _grid(n: int) -> tuple[int, int]:
     """(blocks, threads) covering ``n`` threads, one per output element."""
     return ceil_div(max(n, 1), THREADS_PER_BLOCK), THREADS_PER_BLOCK
+
+
+# A thread per element of a 4-D array gets a flat index i; this turns it back
+# into the element's four indices (the last axis varies fastest, as in memory).
+# Each % and // is an integer division, which costs more on a GPU than the few
+# bytes such a kernel moves (fast_layers.py's window kernels avoid them).
+@cuda.jit(device=True)
+def nchw_index(i, channels, height, width):
+    """(n, c, h, w) of flat index ``i`` into a C-contiguous (N, channels,
+    height, width) array; also (co, ci, kh, kw) into OIHW weights."""
+    w = i % width
+    h = (i // width) % height
+    c = (i // (width * height)) % channels
+    n = i // (width * height * channels)
+    return n, c, h, w
 
 
 # ---------------------------------------------------------------------------
@@ -83,10 +100,7 @@ def conv2d_forward_naive(x, w, b, pad, out):
     _, c_out, h_out, w_out = out.shape
     c_in, k_h, k_w = w.shape[1], w.shape[2], w.shape[3]
     height, width = x.shape[2], x.shape[3]
-    ow = i % w_out
-    oh = (i // w_out) % h_out
-    co = (i // (w_out * h_out)) % c_out
-    n = i // (w_out * h_out * c_out)
+    n, co, oh, ow = nchw_index(i, c_out, h_out, w_out)
     acc = b[co]
     for ci in range(c_in):
         for kh in range(k_h):
@@ -117,10 +131,7 @@ def conv2d_grad_input_naive(dout, w, pad, dx):
     _, c_in, height, width = dx.shape
     c_out, k_h, k_w = w.shape[0], w.shape[2], w.shape[3]
     h_out, w_out = dout.shape[2], dout.shape[3]
-    iw = i % width
-    ih = (i // width) % height
-    ci = (i // (width * height)) % c_in
-    n = i // (width * height * c_in)
+    n, ci, ih, iw = nchw_index(i, c_in, height, width)
     acc = float64(0.0)
     for co in range(c_out):
         for kh in range(k_h):
@@ -141,19 +152,18 @@ def conv2d_grad_input(dout, w, pad: int, dx) -> None:
 
 # Thread per weight: sums x * dout over the whole batch and image, N*Ho*Wo
 # terms. Few threads (Co*Ci*K*K, 288 for the first layer) each doing a long
-# loop: the first place a faster version splits the sum (later issue).
+# loop: the first place a faster version splits the sum (fast_conv.py's
+# split-K weight gradient). Its loops mirror conv2d_grad_input_naive's with the
+# roles of the summed and the owned indices swapped: two kernels, on purpose.
 @cuda.jit
 def conv2d_grad_weight_naive(dout, x, pad, dw):
     i = cuda.grid(1)
     if i >= dw.size:
         return
-    c_out, c_in, k_h, k_w = dw.shape
+    _, c_in, k_h, k_w = dw.shape
     batch, height, width = x.shape[0], x.shape[2], x.shape[3]
     h_out, w_out = dout.shape[2], dout.shape[3]
-    kw = i % k_w
-    kh = (i // k_w) % k_h
-    ci = (i // (k_w * k_h)) % c_in
-    co = i // (k_w * k_h * c_in)
+    co, ci, kh, kw = nchw_index(i, c_in, k_h, k_w)
     acc = float64(0.0)  # float64: up to N*Ho*Wo = 800k terms
     for n in range(batch):
         for oh in range(h_out):
@@ -233,10 +243,7 @@ def batchnorm_normalize_naive(x, mean, invstd, gamma, beta, xhat, y):
     if i >= x.size:
         return
     _, channels, height, width = x.shape
-    w = i % width
-    h = (i // width) % height
-    c = (i // (width * height)) % channels
-    n = i // (width * height * channels)
+    n, c, h, w = nchw_index(i, channels, height, width)
     xh = (x[n, c, h, w] - mean[c]) * invstd[c]
     xhat[n, c, h, w] = xh
     y[n, c, h, w] = gamma[c] * xh + beta[c]
@@ -262,10 +269,7 @@ def batchnorm_eval_naive(x, running_mean, running_var, gamma, beta, eps, y):
     if i >= x.size:
         return
     _, channels, height, width = x.shape
-    w = i % width
-    h = (i // width) % height
-    c = (i // (width * height)) % channels
-    n = i // (width * height * channels)
+    n, c, h, w = nchw_index(i, channels, height, width)
     scale = gamma[c] / math.sqrt(running_var[c] + eps)
     y[n, c, h, w] = (x[n, c, h, w] - running_mean[c]) * scale + beta[c]
 
@@ -303,10 +307,7 @@ def batchnorm_backward_dx_naive(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
         return
     batch, channels, height, width = dx.shape
     count = batch * height * width
-    w = i % width
-    h = (i // width) % height
-    c = (i // (width * height)) % channels
-    n = i // (width * height * channels)
+    n, c, h, w = nchw_index(i, channels, height, width)
     dx[n, c, h, w] = (gamma[c] * invstd[c] / count) * (
         count * dy[n, c, h, w] - dbeta[c] - xhat[n, c, h, w] * dgamma[c])
 
@@ -366,10 +367,7 @@ def maxpool2x2_forward_naive(x, out, argmax):
         return
     _, channels, h_out, w_out = out.shape
     height, width = x.shape[2], x.shape[3]
-    ow = i % w_out
-    oh = (i // w_out) % h_out
-    c = (i // (w_out * h_out)) % channels
-    n = i // (w_out * h_out * channels)
+    n, c, oh, ow = nchw_index(i, channels, h_out, w_out)
     best = x[n, c, 2 * oh, 2 * ow]
     best_h = 2 * oh
     best_w = 2 * ow
@@ -399,10 +397,7 @@ def maxpool2x2_backward_naive(dout, argmax, dx):
         return
     _, channels, height, width = dx.shape
     h_out, w_out = dout.shape[2], dout.shape[3]
-    w = i % width
-    h = (i // width) % height
-    c = (i // (width * height)) % channels
-    n = i // (width * height * channels)
+    n, c, h, w = nchw_index(i, channels, height, width)
     oh = h // 2
     ow = w // 2
     g = 0.0

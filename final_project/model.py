@@ -24,7 +24,9 @@ Usage::
     print(model.loss.copy_to_host()[0])
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import require_device_array
+
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from final_project import kernels as K
+from final_project import kernels
 
 
 @dataclass(frozen=True)
@@ -188,16 +190,16 @@ class Conv2d(_Layer):
     def forward(self, x):
         self.x = x
         out = self._rows("out", x.shape[0])
-        K.conv2d_forward(x, self.w, self.b, self.pad, out)
+        kernels.conv2d_forward(x, self.w, self.b, self.pad, out)
         return out
 
     def backward(self, dout):
-        K.conv2d_grad_weight(dout, self.x, self.pad, self.dw)
-        K.conv2d_grad_bias(dout, self.db)
+        kernels.conv2d_grad_weight(dout, self.x, self.pad, self.dw)
+        kernels.conv2d_grad_bias(dout, self.db)
         if self.dx is None:
             return None
         dx = self._rows("dx", dout.shape[0])
-        K.conv2d_grad_input(dout, self.w, self.pad, dx)
+        kernels.conv2d_grad_input(dout, self.w, self.pad, dx)
         return dx
 
 
@@ -223,18 +225,18 @@ class BatchNorm2d(_Layer):
         n = x.shape[0]
         out = self._rows("out", n)
         if training:
-            K.batchnorm_forward_train(
+            kernels.batchnorm_forward_train(
                 x, self.gamma, self.beta, self.eps, self.momentum, self.mean, self.invstd,
                 self.running_mean, self.running_var, self._rows("xhat", n), out)
         else:
-            K.batchnorm_forward_eval(x, self.gamma, self.beta, self.running_mean,
+            kernels.batchnorm_forward_eval(x, self.gamma, self.beta, self.running_mean,
                                      self.running_var, self.eps, out)
         return out
 
     def backward(self, dout):
         n = dout.shape[0]
         dx = self._rows("dx", n)
-        K.batchnorm_backward(dout, self._rows("xhat", n), self.gamma, self.invstd,
+        kernels.batchnorm_backward(dout, self._rows("xhat", n), self.gamma, self.invstd,
                              self.dgamma, self.dbeta, dx)
         return dx
 
@@ -248,12 +250,12 @@ class ReLU(_Layer):
     def forward(self, x):
         self.x = x
         out = self._rows("out", x.shape[0])
-        K.relu_forward(x, out)
+        kernels.relu_forward(x, out)
         return out
 
     def backward(self, dout):
         dx = self._rows("dx", dout.shape[0])
-        K.relu_backward(dout, self.x, dx)
+        kernels.relu_backward(dout, self.x, dx)
         return dx
 
 
@@ -268,13 +270,13 @@ class MaxPool2x2(_Layer):
     def forward(self, x):
         n = x.shape[0]
         out = self._rows("out", n)
-        K.maxpool2x2_forward(x, out, self._rows("argmax", n))
+        kernels.maxpool2x2_forward(x, out, self._rows("argmax", n))
         return out
 
     def backward(self, dout):
         n = dout.shape[0]
         dx = self._rows("dx", n)
-        K.maxpool2x2_backward(dout, self._rows("argmax", n), dx)
+        kernels.maxpool2x2_backward(dout, self._rows("argmax", n), dx)
         return dx
 
 
@@ -292,12 +294,12 @@ class Linear(_Layer):
     def forward(self, x):
         self.x = x
         out = self._rows("out", x.shape[0])
-        K.linear_forward(x, self.w, self.b, out)
+        kernels.linear_forward(x, self.w, self.b, out)
         return out
 
     def backward(self, dout):
         dx = self._rows("dx", dout.shape[0])
-        K.linear_backward(dout, self.x, self.w, dx, self.dw, self.db)
+        kernels.linear_backward(dout, self.x, self.w, dx, self.dw, self.db)
         return dx
 
 
@@ -314,14 +316,14 @@ class LogSoftmaxNLL(_Layer):
     def forward(self, logits, labels):
         self.labels = labels
         n = logits.shape[0]
-        K.log_softmax_nll_forward(logits, labels, self._rows("logprobs", n),
+        kernels.log_softmax_nll_forward(logits, labels, self._rows("logprobs", n),
                                   self._rows("row_loss", n), self.loss)
         return self.loss
 
     def backward(self):
         n = self.labels.shape[0]
         d = self._rows("dlogits", n)
-        K.log_softmax_nll_backward(self._rows("logprobs", n), self.labels, d)
+        kernels.log_softmax_nll_backward(self._rows("logprobs", n), self.labels, d)
         return d
 
 
@@ -343,20 +345,6 @@ def _is_c_contiguous(a: Any) -> bool:
             return False
         expected *= dim
     return True
-
-
-def _as_device_array(a: Any, name: str) -> Any:
-    if isinstance(a, np.ndarray):
-        raise ValueError(
-            f"{name} is a host (NumPy) array; copy it to the GPU first: "
-            f"{name}_dev = cuda.to_device(np.ascontiguousarray({name}))"
-        )
-    if hasattr(a, "copy_to_host"):
-        return a
-    if hasattr(a, "__cuda_array_interface__"):  # e.g. a CUDA torch tensor: no copy
-        return cuda.as_cuda_array(a)
-    raise ValueError(f"{name} must be a CUDA device array (cuda.to_device(...)), "
-                     f"got {type(a).__name__}")
 
 
 class CNNBase:
@@ -452,12 +440,14 @@ class CNNBase:
         NumPy arrays pass too (checked the same way, returned as they are).
 
         Raises:
-            ValueError: host arrays (unless allowed), wrong dtype, shape, batch
-                size or layout, each with what to do instead.
+            TypeError: a host array (unless allowed) or anything not on the GPU
+                (:func:`common.checking.require_device_array`).
+            ValueError: wrong dtype, shape, batch size or layout, each with
+                what to do instead.
         """
 
         def as_array(a: Any, name: str) -> Any:
-            return a if allow_host and isinstance(a, np.ndarray) else _as_device_array(a, name)
+            return a if allow_host and isinstance(a, np.ndarray) else require_device_array(a, name)
 
         c = self.config
         x = as_array(x, "x")
@@ -574,7 +564,7 @@ class NumbaCNN(CNNBase):
         """Predicted classes (N,) int32 device array (evaluation mode)."""
         logits = self.forward(x, training=False)
         out = self._predictions[: logits.shape[0]]
-        K.argmax_rows(logits, out)
+        kernels.argmax_rows(logits, out)
         return out
 
     def pool_windows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -609,7 +599,7 @@ class NumbaCNN(CNNBase):
             ValueError: see :meth:`validate_batch`.
         """
         self.loss_and_grads(x, y)
-        K.sgd_update(self.params.flat, self.grads.flat, float(lr))
+        kernels.sgd_update(self.params.flat, self.grads.flat, float(lr))
 
     @property
     def loss(self) -> Any:

@@ -5,8 +5,11 @@ output and a ``cache`` of what the backward pass needs; ``<layer>_backward``
 takes the gradient of the loss with respect to the output (``dout``) and the
 cache, and returns the gradients with respect to the inputs and parameters.
 The kernels in :mod:`final_project.kernels` compute the same things, one thread
-per output element; the tests check this file against ``torch.autograd`` and
-the kernels against both.
+per output element. This file is the course's one ground truth: every kernel
+check (:mod:`final_project.checks`: each layer, a whole training step, the
+evaluation forward) compares float32 kernels with these float64 functions,
+and the tests check this file itself against ``torch.autograd`` in float64
+(``tests/test_final_project_layers.py``, the ``test_reference_*`` tests).
 
     conv 3x3 pad 1 -> batchnorm -> ReLU -> max-pool 2x2      (x2)
     -> flatten (NCHW order) -> linear -> ReLU -> linear -> log-softmax + NLL
@@ -15,6 +18,8 @@ Layouts follow torch: NCHW activations, conv weights OIHW, linear weights
 (out, in). Usage::
 
     loss, new_params, new_buffers = reference_train_step(state, x, y, lr, config)
+    logits, caches, new_buffers = reference_forward(state, x, config, training=True)
+    loss, grads = reference_backward(logits, caches, y)
 """
 
 from __future__ import annotations
@@ -99,9 +104,14 @@ def batchnorm_backward(dy, cache):
     m = dy.shape[0] * dy.shape[2] * dy.shape[3]
     dbeta = dy.sum(axis=(0, 2, 3))
     dgamma = (dy * xhat).sum(axis=(0, 2, 3))
-    c = lambda v: v[None, :, None, None]
-    dx = c(gamma * invstd / m) * (m * dy - c(dbeta) - xhat * c(dgamma))
+    dx = _per_channel(gamma * invstd / m) * (
+        m * dy - _per_channel(dbeta) - xhat * _per_channel(dgamma))
     return dx, dgamma, dbeta
+
+
+def _per_channel(v):
+    """A (C,) vector shaped (1, C, 1, 1), to broadcast over NCHW."""
+    return v[None, :, None, None]
 
 
 # ---------------------------------------------------------------------------
@@ -117,14 +127,23 @@ def relu_backward(dout, x):
     return dout * (x > 0)
 
 
-def maxpool2x2_forward(x):
+def maxpool2x2_forward(x, taken=None):
     """2x2 max-pool, stride 2, floor mode. Returns (out, cache); the cache holds
-    each window's argmax (0..3, first maximum in row-major order, as torch)."""
+    each window's argmax (0..3, first maximum in row-major order, as torch).
+
+    ``taken``: optional int (N, C, H/2, W/2) window positions 0..3 to take
+    instead of each window's maximum. A float32 model and this float64 function
+    may pick different elements where two values of a window are equal up to
+    float32 rounding; the gradient then flows to another pixel and a batch-wide
+    sum moves by ~1e-3. Following the model's choices (``pool_windows`` of the
+    models) compares the rest of the step exactly; the caller checks that each
+    choice is a maximum up to rounding.
+    """
     n, c, h, w = x.shape
     ho, wo = h // 2, w // 2
     windows = x[:, :, :2 * ho, :2 * wo].reshape(n, c, ho, 2, wo, 2)
     windows = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, 4)
-    arg = windows.argmax(axis=-1)
+    arg = windows.argmax(axis=-1) if taken is None else np.asarray(taken, np.int64)
     out = np.take_along_axis(windows, arg[..., None], axis=-1)[..., 0]
     return out, (x.shape, arg)
 
@@ -193,12 +212,19 @@ def _buffers(state: dict[str, Any], config) -> dict[str, np.ndarray]:
     return out
 
 
-def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bool = False):
+def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bool = False,
+                      pool_windows=None):
     """Logits (N, num_classes) float64 of the network for x (N, C, H, W).
 
     ``training`` selects batch statistics (True) or the running statistics in
     ``state`` (False) for batchnorm. Returns (logits, caches, new_buffers);
     caches and new_buffers are only meaningful for training.
+
+    ``pool_windows``: optional (pool1, pool2) window positions, as a model's
+    ``pool_windows(n)`` returns: each max-pool takes those elements (see
+    :func:`maxpool2x2_forward`), and ``caches["pool_gaps"]`` holds, per pool,
+    how far each taken value is below its window's maximum (0 where it is the
+    maximum).
     """
     p = _f64(state)
     buf = _buffers(state, config)
@@ -206,7 +232,8 @@ def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bo
     caches: dict[str, Any] = {}
     new_buffers: dict[str, np.ndarray] = {}
     h = x
-    for conv, bn in (("conv1", "bn1"), ("conv2", "bn2")):
+    caches["pool_gaps"] = []
+    for k, (conv, bn) in enumerate((("conv1", "bn1"), ("conv2", "bn2"))):
         h, caches[conv] = conv2d_forward(h, p[f"{conv}.weight"], p[f"{conv}.bias"], pad=1)
         rm, rv = buf[f"{bn}.running_mean"], buf[f"{bn}.running_var"]
         if training:
@@ -217,7 +244,12 @@ def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bo
             h = batchnorm_forward_eval(h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv,
                                        config.bn_eps)
         h, caches[f"relu_{bn}"] = relu_forward(h)
-        h, caches[f"pool_{bn}"] = maxpool2x2_forward(h)
+        if pool_windows is None:
+            h, caches[f"pool_{bn}"] = maxpool2x2_forward(h)
+        else:
+            best, _ = maxpool2x2_forward(h)
+            h, caches[f"pool_{bn}"] = maxpool2x2_forward(h, pool_windows[k])
+            caches["pool_gaps"].append(best - h)
     caches["flatten"] = h.shape
     h = h.reshape(h.shape[0], -1)  # NCHW flatten, as torch's x.flatten(1)
     h, caches["fc1"] = linear_forward(h, p["fc1.weight"], p["fc1.bias"])
@@ -226,9 +258,9 @@ def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bo
     return logits, caches, new_buffers
 
 
-def reference_loss_and_grads(state: dict[str, Any], x: np.ndarray, y: np.ndarray, config):
-    """Training-mode forward and backward: (loss, grads by parameter name, new_buffers)."""
-    logits, caches, new_buffers = reference_forward(state, x, config, training=True)
+def reference_backward(logits: np.ndarray, caches: dict[str, Any], y: np.ndarray):
+    """Mean NLL of ``logits`` (from a training-mode :func:`reference_forward`)
+    against labels y (N,), and its gradient: (loss, grads by parameter name)."""
     loss, loss_cache = log_softmax_nll_forward(logits, np.asarray(y, dtype=np.int64))
     g: dict[str, np.ndarray] = {}
     d = log_softmax_nll_backward(loss_cache)
@@ -241,7 +273,14 @@ def reference_loss_and_grads(state: dict[str, Any], x: np.ndarray, y: np.ndarray
         d = relu_backward(d, caches[f"relu_{bn}"])
         d, g[f"{bn}.weight"], g[f"{bn}.bias"] = batchnorm_backward(d, caches[bn])
         d, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
-    return float(loss), g, new_buffers
+    return float(loss), g
+
+
+def reference_loss_and_grads(state: dict[str, Any], x: np.ndarray, y: np.ndarray, config):
+    """Training-mode forward and backward: (loss, grads by parameter name, new_buffers)."""
+    logits, caches, new_buffers = reference_forward(state, x, config, training=True)
+    loss, grads = reference_backward(logits, caches, y)
+    return loss, grads, new_buffers
 
 
 def reference_train_step(params: dict[str, Any], x: np.ndarray, y: np.ndarray, lr: float,

@@ -34,7 +34,7 @@ optimizers (the "Compiling the optimizer with torch.compile" recipe), CUDA graph
 from __future__ import annotations
 
 # isort: off
-import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 # isort: on
 import importlib.util
 import math

@@ -2,9 +2,9 @@
 every launch runs under the race detector (common/racecheck.py), so a missing
 cuda.syncthreads or a `+=` that needed cuda.atomic.add fails every time."""
 
-import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
-from common import racecheck
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import likely_cause
+from common.internal import racecheck
 from common.runtime import interleaved_threads, is_simulator
 
 import os

@@ -3,7 +3,7 @@ the chapter scripts at simulator sizes."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError
-from common.exercises import implementations, load_chapter_module
+from common.internal.exercises import implementations, load_chapter_module
 
 import math
 
@@ -43,16 +43,25 @@ def test_roofline(impl, rng):
     check_roofline(impl.arithmetic_intensity, impl.roofline_ms, impl.bound_by, rng)
 
 
+def _roofline_summed(f, b, tf, g):
+    return (f / (tf * 1e12) + b / (g * 1e9)) * 1e3  # wrong: the sum, not the max
+
+
+def _roofline_wrong_units(f, b, tf, g):
+    return max(f / tf, b / g)  # wrong: forgot 1e12, 1e9 and ms
+
+
+def _bound_by_inverted(f, b, tf, g):
+    return "compute" if b / (g * 1e9) > f / (tf * 1e12) else "memory"  # wrong: swapped
+
+
 def test_broken_roofline_fails(rng):
     sol = load_chapter_module(CHAPTER, "solutions")
-    summed = lambda f, b, tf, g: (f / (tf * 1e12) + b / (g * 1e9)) * 1e3  # sum, not max
-    wrong_units = lambda f, b, tf, g: max(f / tf, b / g)  # forgot 1e12, 1e9 and ms
-    for broken in (summed, wrong_units):
+    for broken in (_roofline_summed, _roofline_wrong_units):
         with pytest.raises(CheckError):
             check_roofline(sol.arithmetic_intensity, broken, sol.bound_by, rng)
-    inverted = lambda f, b, tf, g: "compute" if b / (g * 1e9) > f / (tf * 1e12) else "memory"
     with pytest.raises(CheckError):
-        check_roofline(sol.arithmetic_intensity, sol.roofline_ms, inverted, rng)
+        check_roofline(sol.arithmetic_intensity, sol.roofline_ms, _bound_by_inverted, rng)
 
 
 @pytest.mark.parametrize("script", ["stack_report"])  # loop_to_kernel: test_scripts_simulator_output

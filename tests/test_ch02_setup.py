@@ -4,7 +4,7 @@ device_query script at simulator sizes."""
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime
 from common.checking import CheckError
-from common.exercises import implementations, load_chapter_module
+from common.internal.exercises import implementations, load_chapter_module
 
 import pytest
 from numba import cuda

@@ -4,10 +4,12 @@ fail the checks; the chapter scripts at simulator sizes."""
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div
 from common.checking import CheckError, Guarded, check, hostile_sizes, poison_value, random_array
-from common.exercises import implementations, load_chapter_module
-from common.float32_purity import float32_pure_launches
+from common.internal.exercises import implementations, load_chapter_module
+from common.internal.float32_purity import float32_pure_launches
+from common.timing import benchmark
 
 import contextlib
+import functools
 import time
 
 import numpy as np
@@ -183,9 +185,8 @@ def check_times_a_slow_kernel(time_fn):
     n, iters = 1 << 22, 4096
     x = cuda.to_device(np.ones(n, np.float32))
     out = cuda.device_array_like(x)
-    launch = lambda: script.heavy_fma[ceil_div(n, 256), 256](x, out, iters)
-    launch()
-    expected = script.event_ms(launch, 5)
+    launch = functools.partial(script.heavy_fma[ceil_div(n, 256), 256], x, iters, out)
+    expected = benchmark(launch, "heavy_fma", repeats=5).median_ms  # the course's event timer
     got = float(np.median(time_fn(launch, repeats=5)))
     if not 0.5 * expected < got < 2 * expected:
         raise CheckError(f"measured {got:.3f} ms for a kernel that takes {expected:.3f} ms")

@@ -15,23 +15,23 @@ the bug on a GPU, the test runs in the simulator only and says why.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import racecheck
 from common.checking import CheckError, check, guarded, hostile_sizes, random_array
-from common.exercises import implementations, load_chapter_module
-from common.float32_purity import float32_pure_launches
-from common.racecheck import RaceError
+from common.internal import racecheck
+from common.internal.exercises import implementations, load_chapter_module
+from common.internal.float32_purity import float32_pure_launches
+from common.internal.racecheck import RaceError
 from common.runtime import ceil_div, is_simulator, pick
 
-import math
+import inspect
+import linecache
+import textwrap
 
 import numpy as np
 import pytest
-from numba import cuda, float32, int32
+from numba import cuda
 
 sol = load_chapter_module("06_memory", "solutions")
 BLOCK, TILE, ROWS, NBINS, RADIUS = sol.BLOCK, sol.TILE, sol.ROWS, sol.NBINS, sol.RADIUS
-TILE_PADDED, HALO_BLOCK = sol.TILE_PADDED, sol.HALO_BLOCK  # shared shapes: module-level ints
-ZERO, ONE, ONE_I32, NEG_INF = sol.ZERO, sol.ONE, sol.ONE_I32, sol.NEG_INF
 FAILS = (CheckError, IndexError, AssertionError)
 IMPLS = implementations("06_memory")
 # GPU only: sizes and repeats that give warps time to drift apart (see the docstring);
@@ -202,54 +202,24 @@ def check_softmax(fn, rng):
 
 
 # ---------------------------------------------------------------- exercise tests
-@pytest.mark.parametrize("impl", IMPLS)
-def test_shift_left(impl, rng):
-    check_shift_left(impl.shift_left, rng)
+EXERCISES = [  # (the exercise's host function, its check), in the exercises' order
+    ("shift_left", check_shift_left),
+    ("block_sums", check_block_sums),
+    ("dot", check_dot),
+    ("argmax", check_argmax),
+    ("transpose_tiled", check_transpose),
+    ("histogram_global", check_histogram),
+    ("histogram_privatised", check_histogram),
+    ("scan_inclusive", check_scan),
+    ("stencil_1d", check_stencil),
+    ("softmax_rows", check_softmax),
+]
 
 
 @pytest.mark.parametrize("impl", IMPLS)
-def test_block_sums(impl, rng):
-    check_block_sums(impl.block_sums, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_dot(impl, rng):
-    check_dot(impl.dot, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_argmax(impl, rng):
-    check_argmax(impl.argmax, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_transpose_tiled(impl, rng):
-    check_transpose(impl.transpose_tiled, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_histogram_global(impl, rng):
-    check_histogram(impl.histogram_global, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_histogram_privatised(impl, rng):
-    check_histogram(impl.histogram_privatised, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_scan_inclusive(impl, rng):
-    check_scan(impl.scan_inclusive, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_stencil_1d(impl, rng):
-    check_stencil(impl.stencil_1d, rng)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_softmax_rows(impl, rng):
-    check_softmax(impl.softmax_rows, rng)
+@pytest.mark.parametrize(("name", "check_fn"), EXERCISES, ids=[name for name, _ in EXERCISES])
+def test_exercise(name, check_fn, impl, rng):
+    check_fn(getattr(impl, name), rng)
 
 
 def test_bad_shapes_are_refused():
@@ -262,15 +232,29 @@ def test_bad_shapes_are_refused():
 
 
 # ---------------------------------------------------------------- broken kernels fail
-@cuda.jit
-def shift_left_no_barrier(x, out):
-    tile = cuda.shared.array(BLOCK, float32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    if i < x.size:
-        tile[t] = x[i]
-    if i < out.size:  # no cuda.syncthreads(): reads a slot its neighbour may not have written
-        out[i] = tile[t + 1] if t + 1 < BLOCK else x[i + 1]
+def mutant(kernel, name, *edits: tuple[str, str]):
+    """A copy of the ``@cuda.jit`` ``kernel``, renamed ``name``, with each (old, new)
+    edit applied to its source: the one-line bug a check must catch (a dropped
+    barrier, a plain ``+=`` for an atomic), kept in step with the real kernel.
+    Each ``old`` must occur exactly once. The source is registered with linecache,
+    so tracebacks and the race detector's reports show the mutated lines."""
+    fn = kernel.py_func
+    src = textwrap.dedent(inspect.getsource(fn))
+    for old, new in edits:
+        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
+        src = src.replace(old, new)
+    src = src.replace(f"def {fn.__name__}(", f"def {name}(", 1)
+    filename = f"<mutant of {fn.__name__}>/{name}.py"  # reports name it {name}.py:<line>
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    namespace = dict(fn.__globals__)
+    exec(compile(src, filename, "exec"), namespace)
+    return namespace[name]
+
+
+shift_left_no_barrier = mutant(
+    sol.shift_left_kernel, "shift_left_no_barrier",
+    # no barrier: thread t reads tile[t + 1] before thread t + 1 may have written it
+    ("    cuda.syncthreads()\n", ""))
 
 
 def test_broken_shift_left_without_barrier_fails(rng):
@@ -282,35 +266,15 @@ def test_broken_shift_left_without_barrier_fails(rng):
         fails_in_some_trial(check_shift_left, shift_left, rng)
 
 
-@cuda.jit
-def block_sums_no_bounds(x, out):
-    s = cuda.shared.array(BLOCK, float32)
-    t = cuda.threadIdx.x
-    s[t] = x[cuda.grid(1)]  # no bounds check: the last block reads past the end
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        out[cuda.blockIdx.x] = s[0]
+block_sums_no_bounds = mutant(
+    sol.block_sums_kernel, "block_sums_no_bounds",
+    ("s[t] = x[i] if i < x.size else ZERO", "s[t] = x[i]  # no bounds check: the last block reads past the end"))
 
 
-@cuda.jit
-def block_sums_no_barrier(x, out):
-    s = cuda.shared.array(BLOCK, float32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    s[t] = x[i] if i < x.size else ZERO
-    stride = BLOCK // 2
-    while stride > 0:  # no barrier between tree levels
-        if t < stride:
-            s[t] += s[t + stride]
-        stride //= 2
-    if t == 0:
-        out[cuda.blockIdx.x] = s[0]
+block_sums_no_barrier = mutant(
+    sol.block_sums_kernel, "block_sums_no_barrier",  # no barrier after the load, none between tree levels
+    ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
+    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"))
 
 
 def test_broken_block_sums_one_block_too_many_fails(rng):
@@ -331,25 +295,9 @@ def test_broken_block_sums_fail(kernel, rng):
         fails_in_some_trial(check_block_sums, block_sums, rng)
 
 
-@cuda.jit
-def dot_plain_add(a, b, out):
-    s = cuda.shared.array(BLOCK, float32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    acc = ZERO
-    while i < a.size:
-        acc += a[i] * b[i]
-        i += cuda.gridsize(1)
-    s[t] = acc
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        out[0] += s[0]  # not atomic: blocks racing on out[0] lose each other's sums
+dot_plain_add = mutant(
+    sol.dot_kernel, "dot_plain_add",
+    ("cuda.atomic.add(out, 0, s[0])", "out[0] += s[0]  # not atomic: blocks racing on out[0] lose sums"))
 
 
 def test_broken_dot_without_atomic_fails(rng):
@@ -364,25 +312,10 @@ def test_broken_dot_without_atomic_fails(rng):
             check_dot(dot, rng)
 
 
-@cuda.jit
-def argmax_no_barrier(x, block_val, block_idx):
-    sv = cuda.shared.array(BLOCK, float32)
-    si = cuda.shared.array(BLOCK, int32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    sv[t] = x[i] if i < x.size else NEG_INF
-    si[t] = i if i < x.size else x.size
-    stride = BLOCK // 2
-    while stride > 0:  # no barriers: reads partners' slots before they are final
-        if t < stride:
-            v, j = sv[t + stride], si[t + stride]
-            if v > sv[t] or (v == sv[t] and j < si[t]):
-                sv[t] = v
-                si[t] = j
-        stride //= 2
-    if t == 0:
-        block_val[cuda.blockIdx.x] = sv[0]
-        block_idx[cuda.blockIdx.x] = si[0]
+argmax_no_barrier = mutant(
+    sol.argmax_kernel, "argmax_no_barrier",  # no barriers: reads partners' slots before they are final
+    ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
+    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"))
 
 
 @pytest.mark.skipif(
@@ -398,48 +331,14 @@ def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
             check_argmax(sol.argmax, rng)
 
 
-@cuda.jit
-def argmax_pads_with_zero(x, block_val, block_idx):
-    sv = cuda.shared.array(BLOCK, float32)
-    si = cuda.shared.array(BLOCK, int32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    sv[t] = x[i] if i < x.size else ZERO  # wrong: 0 beats every negative value
-    si[t] = i if i < x.size else x.size
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            v, j = sv[t + stride], si[t + stride]
-            if v > sv[t] or (v == sv[t] and j < si[t]):
-                sv[t] = v
-                si[t] = j
-        cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        block_val[cuda.blockIdx.x] = sv[0]
-        block_idx[cuda.blockIdx.x] = si[0]
+argmax_pads_with_zero = mutant(
+    sol.argmax_kernel, "argmax_pads_with_zero",
+    ("if i < x.size else NEG_INF", "if i < x.size else ZERO  # wrong: 0 beats every negative value"))
 
 
-@cuda.jit
-def argmax_keeps_later_ties(x, block_val, block_idx):
-    sv = cuda.shared.array(BLOCK, float32)
-    si = cuda.shared.array(BLOCK, int32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    sv[t] = x[i] if i < x.size else NEG_INF
-    si[t] = i if i < x.size else x.size
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride and sv[t + stride] >= sv[t]:  # wrong: a tie takes the later index
-            sv[t] = sv[t + stride]
-            si[t] = si[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        block_val[cuda.blockIdx.x] = sv[0]
-        block_idx[cuda.blockIdx.x] = si[0]
+argmax_keeps_later_ties = mutant(
+    sol.argmax_kernel, "argmax_keeps_later_ties",
+    ("if v > sv[t] or (v == sv[t] and j < si[t]):", "if v >= sv[t]:  # wrong: a tie takes the later index"))
 
 
 @pytest.mark.parametrize("kernel", [argmax_pads_with_zero, argmax_keeps_later_ties],
@@ -464,38 +363,15 @@ def test_broken_argmax_last_block_wins_fails(rng):
         check_argmax(argmax, rng)
 
 
-@cuda.jit
-def transpose_no_bounds(a, out):
-    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    x = cuda.blockIdx.x * TILE + tx
-    y = cuda.blockIdx.y * TILE + ty
-    for k in range(0, TILE, ROWS):
-        if y + k < a.shape[0] and x < a.shape[1]:
-            tile[ty + k, tx] = a[y + k, x]
-    cuda.syncthreads()
-    x = cuda.blockIdx.y * TILE + tx
-    y = cuda.blockIdx.x * TILE + ty
-    for k in range(0, TILE, ROWS):
-        out[y + k, x] = tile[tx, ty + k]  # no bounds check on the write
+transpose_no_bounds = mutant(
+    sol.transpose_kernel, "transpose_no_bounds",
+    ("        if y + k < out.shape[0] and x < out.shape[1]:\n            out[y + k, x]",
+     "        out[y + k, x]"))  # no bounds check on the write
 
 
-@cuda.jit
-def transpose_no_barrier(a, out):
-    tile = cuda.shared.array((TILE, TILE_PADDED), float32)
-    tx = cuda.threadIdx.x
-    ty = cuda.threadIdx.y
-    x = cuda.blockIdx.x * TILE + tx
-    y = cuda.blockIdx.y * TILE + ty
-    for k in range(0, TILE, ROWS):
-        if y + k < a.shape[0] and x < a.shape[1]:
-            tile[ty + k, tx] = a[y + k, x]
-    x = cuda.blockIdx.y * TILE + tx  # no barrier: reads tile columns other threads write
-    y = cuda.blockIdx.x * TILE + ty
-    for k in range(0, TILE, ROWS):
-        if y + k < out.shape[0] and x < out.shape[1]:
-            out[y + k, x] = tile[tx, ty + k]
+transpose_no_barrier = mutant(
+    sol.transpose_kernel, "transpose_no_barrier",  # reads tile columns other threads write
+    ("    cuda.syncthreads()\n", ""))
 
 
 @pytest.mark.parametrize("kernel", [transpose_no_bounds, transpose_no_barrier],
@@ -509,12 +385,9 @@ def test_broken_transpose_fails(kernel, rng):
             check_transpose(transpose, rng)
 
 
-@cuda.jit
-def histogram_plain_add(x, bins):
-    i = cuda.grid(1)
-    while i < x.size:
-        bins[x[i]] += 1  # not atomic: two threads on one bin lose a count
-        i += cuda.gridsize(1)
+histogram_plain_add = mutant(
+    sol.histogram_global_kernel, "histogram_plain_add",
+    ("cuda.atomic.add(bins, x[i], ONE_I32)", "bins[x[i]] += 1  # not atomic: two threads on one bin lose a count"))
 
 
 def test_broken_histogram_without_atomic_fails(rng):
@@ -527,20 +400,9 @@ def test_broken_histogram_without_atomic_fails(rng):
             check_histogram(histogram, rng, sizes=[pick(gpu=40 * BLOCK, simulator=2 * BLOCK)])
 
 
-@cuda.jit
-def histogram_private_plain_add(x, bins):
-    h = cuda.shared.array(NBINS, int32)
-    t = cuda.threadIdx.x
-    if t < NBINS:
-        h[t] = 0
-    cuda.syncthreads()
-    i = cuda.grid(1)
-    while i < x.size:
-        h[x[i]] += 1  # not atomic, in shared memory
-        i += cuda.gridsize(1)
-    cuda.syncthreads()
-    if t < NBINS:
-        cuda.atomic.add(bins, t, h[t])
+histogram_private_plain_add = mutant(
+    sol.histogram_private_kernel, "histogram_private_plain_add",
+    ("cuda.atomic.add(h, x[i], ONE_I32)", "h[x[i]] += 1  # not atomic, in shared memory"))
 
 
 def test_broken_private_histogram_without_atomic_fails(rng):
@@ -554,44 +416,16 @@ def test_broken_private_histogram_without_atomic_fails(rng):
         check_histogram(histogram, rng, sizes=[pick(gpu=1 << 20, simulator=2 * BLOCK)])
 
 
-@cuda.jit
-def block_scan_no_load_barrier(x, out, sums):
-    s = cuda.shared.array(BLOCK, int32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    s[t] = x[i] if i < x.size else 0
-    # missing barrier here: the first step reads s[t - 1], maybe before thread t - 1
-    # stored it (on a GPU: thread 32 reading warp 0's last slot)
-    offset = 1
-    while offset < BLOCK:
-        v = s[t - offset] if t >= offset else 0
-        cuda.syncthreads()
-        s[t] += v
-        cuda.syncthreads()
-        offset *= 2
-    if i < out.size:
-        out[i] = s[t]
-    if t == BLOCK - 1:
-        sums[cuda.blockIdx.x] = s[t]
+block_scan_no_load_barrier = mutant(
+    sol.block_scan_kernel, "block_scan_no_load_barrier",
+    # the first step reads s[t - 1], maybe before thread t - 1 stored it (on a GPU:
+    # thread 32 reading warp 0's last slot)
+    ("    cuda.syncthreads()\n    offset = 1", "    offset = 1"))
 
 
-@cuda.jit
-def block_scan_one_barrier(x, out, sums):
-    s = cuda.shared.array(BLOCK, int32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    s[t] = x[i] if i < x.size else 0
-    cuda.syncthreads()
-    offset = 1
-    while offset < BLOCK:
-        v = s[t - offset] if t >= offset else 0
-        s[t] += v  # missing barrier between the read above and this write
-        cuda.syncthreads()
-        offset *= 2
-    if i < out.size:
-        out[i] = s[t]
-    if t == BLOCK - 1:
-        sums[cuda.blockIdx.x] = s[t]
+block_scan_one_barrier = mutant(
+    sol.block_scan_kernel, "block_scan_one_barrier",  # no barrier between the read and the write
+    ("        cuda.syncthreads()\n        s[t] += v", "        s[t] += v"))
 
 
 @pytest.mark.parametrize("kernel", [
@@ -608,18 +442,9 @@ def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
         fails_in_some_trial(check_scan, sol.scan_inclusive, rng)
 
 
-@cuda.jit
-def stencil_no_halo(x, w, out):
-    tile = cuda.shared.array(HALO_BLOCK, float32)
-    t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    tile[t + RADIUS] = x[i] if i < x.size else ZERO  # the halo cells are never loaded
-    cuda.syncthreads()
-    if i < out.size:
-        acc = ZERO
-        for k in range(2 * RADIUS + 1):
-            acc += w[k] * tile[t + k]
-        out[i] = acc
+stencil_no_halo = mutant(
+    sol.stencil_kernel, "stencil_no_halo",
+    ("    if t < RADIUS:", "    if t < 0:  # wrong: the halo cells are never loaded"))
 
 
 def test_broken_stencil_without_halo_fails(rng, monkeypatch):
@@ -628,94 +453,20 @@ def test_broken_stencil_without_halo_fails(rng, monkeypatch):
         check_stencil(sol.stencil_1d, rng)
 
 
-@cuda.jit
-def softmax_no_tree_barrier(x, out):
-    s = cuda.shared.array(BLOCK, float32)
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    cols = x.shape[1]
-    m = NEG_INF
-    for j in range(t, cols, BLOCK):
-        m = max(m, x[r, j])
-    s[t] = m
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] = max(s[t], s[t + stride])
-        stride //= 2  # missing barrier between tree levels
-    m = s[0]
-    cuda.syncthreads()
-    acc = ZERO
-    for j in range(t, cols, BLOCK):
-        acc += math.exp(x[r, j] - m)
-    s[t] = acc
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        stride //= 2
-    inv = np.float32(1.0) / s[0]
-    for j in range(t, cols, BLOCK):
-        out[r, j] = math.exp(x[r, j] - m) * inv
+softmax_no_tree_barrier = mutant(
+    sol.softmax_kernel, "softmax_no_tree_barrier",  # no barrier between tree levels
+    ("s[t] = max(s[t], s[t + stride])\n        cuda.syncthreads()\n", "s[t] = max(s[t], s[t + stride])\n"),
+    ("s[t] += s[t + stride]\n        cuda.syncthreads()\n", "s[t] += s[t + stride]\n"))
 
 
-@cuda.jit
-def softmax_no_max_subtraction(x, out):
-    s = cuda.shared.array(BLOCK, float32)
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    cols = x.shape[1]
-    acc = ZERO
-    for j in range(t, cols, BLOCK):
-        acc += math.exp(x[r, j])  # wrong: exp(x) overflows for large x; exp(x - max) cannot
-    s[t] = acc
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    inv = ONE / s[0]
-    for j in range(t, cols, BLOCK):
-        out[r, j] = math.exp(x[r, j]) * inv
+softmax_no_max_subtraction = mutant(
+    sol.softmax_kernel, "softmax_no_max_subtraction",
+    ("    m = s[0]\n", "    m = ZERO  # wrong: exp(x) overflows for large x; exp(x - max) cannot\n"))
 
 
-@cuda.jit
-def softmax_max_starts_at_zero(x, out):
-    s = cuda.shared.array(BLOCK, float32)
-    r = cuda.blockIdx.x
-    t = cuda.threadIdx.x
-    cols = x.shape[1]
-    m = ZERO  # wrong: the max of an all-negative row comes out as 0
-    for j in range(t, cols, BLOCK):
-        m = max(m, x[r, j])
-    s[t] = m
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] = max(s[t], s[t + stride])
-        cuda.syncthreads()
-        stride //= 2
-    m = s[0]
-    cuda.syncthreads()
-    acc = ZERO
-    for j in range(t, cols, BLOCK):
-        acc += math.exp(x[r, j] - m)
-    s[t] = acc
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    inv = ONE / s[0]
-    for j in range(t, cols, BLOCK):
-        out[r, j] = math.exp(x[r, j] - m) * inv
+softmax_max_starts_at_zero = mutant(
+    sol.softmax_kernel, "softmax_max_starts_at_zero",
+    ("    m = NEG_INF\n", "    m = ZERO  # wrong: the max of an all-negative row comes out as 0\n"))
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the broken kernels overflow: the point

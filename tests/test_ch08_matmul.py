@@ -1,30 +1,30 @@
 """Chapter 08: the SGEMM progression and its exercises, at simulator sizes."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import numpy as np
-import pytest
-from numba import cuda, float32
-
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div
 from common.checking import CheckError, check, guarded, random_array
-from common.exercises import implementations, load_chapter_module
-from common.float32_purity import float32_pure_launches
+from common.internal.exercises import implementations, load_chapter_module
+from common.internal.float32_purity import float32_pure_launches
+
+import inspect
+import json
+import textwrap
+from functools import partial
+
+import numpy as np
+import pytest
+from numba import cuda
 
 CHAPTER = "08_faster_matmul"
 mm = load_chapter_module(CHAPTER, "matmul")
+sol = load_chapter_module(CHAPTER, "solutions")
 
 # M, N, K: not multiples of any tile, one element, thin shapes.
 SHAPES = [(17, 13, 9), (1, 1, 1), (5, 19, 2)]
 
 
-def _operands(m, n, k, rng):
-    a_h = random_array((m, k), np.float32, rng)
-    b_h = random_array((k, n), np.float32, rng)
-    return a_h, b_h, cuda.to_device(a_h), cuda.to_device(b_h)
-
-
 def _run_checked(matmul, m, n, k, rng, **kw):
-    a_h, b_h, a, b = _operands(m, n, k, rng)
+    a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
     out = guarded((m, n), np.float32)
     matmul(a, b, out.array, **kw)
     check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5, name=f"{m}x{n}x{k} {kw}")
@@ -94,167 +94,90 @@ def test_bad_operands_are_refused(impl, rng):
 # ------------------------------------------- broken kernels must fail the checks
 
 
-def _tiled_without_sync(TILE):
-    @cuda.jit
-    def matmul_tiled_no_sync(a, b, c):
-        a_tile = cuda.shared.array((TILE, TILE), float32)
-        b_tile = cuda.shared.array((TILE, TILE), float32)
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
-        m, kk = a.shape
-        n = b.shape[1]
-        acc = float32(0.0)
-        for k0 in range(0, kk, TILE):
-            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
-            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
-            for k in range(TILE):  # no syncthreads before or after: reads race the loads
-                acc += a_tile[ty, k] * b_tile[k, tx]
-        if row < m and col < n:
-            c[row, col] = acc
-
-    return matmul_tiled_no_sync
+def mutant(tmp_path, factory, *edits):
+    """``factory`` (a kernel factory of the chapter) rebuilt from its source with
+    each (old, new) edit applied wherever ``old`` occurs: the one bug a check
+    must catch, kept in step with the real kernel. The source is written to a
+    file in ``tmp_path`` so that tracebacks and the float64 check quote its lines."""
+    src = textwrap.dedent(inspect.getsource(factory))
+    for old, new in edits:
+        assert old in src, f"{old!r} is not in {factory.__name__} any more: update the test"
+        src = src.replace(old, new)
+    path = tmp_path / f"{factory.__name__}_mutant.py"
+    path.write_text(src)
+    namespace = dict(factory.__globals__)
+    exec(compile(src, str(path), "exec"), namespace)
+    return namespace[factory.__name__]
 
 
-def _tiled_without_bounds(TILE):
-    @cuda.jit
-    def matmul_tiled_no_bounds(a, b, c):
-        a_tile = cuda.shared.array((TILE, TILE), float32)
-        b_tile = cuda.shared.array((TILE, TILE), float32)
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
-        acc = float32(0.0)
-        for k0 in range(0, a.shape[1], TILE):
-            a_tile[ty, tx] = a[row, k0 + tx]  # no bounds checks anywhere
-            b_tile[ty, tx] = b[k0 + ty, col]
-            cuda.syncthreads()
-            for k in range(TILE):
-                acc += a_tile[ty, k] * b_tile[k, tx]
-            cuda.syncthreads()
-        c[row, col] = acc
+def _tiled_launcher(factory):
+    """launch(a, b, c, tile) as matmul_tiled launches, for kernels made by ``factory(TILE)``."""
+    kernels = {}
 
-    return matmul_tiled_no_bounds
-
-
-def _as_launcher(kernel):
     def launch(a, b, c, tile):
+        if tile not in kernels:
+            kernels[tile] = factory(tile)
         m, n = c.shape
-        kernel[(ceil_div(n, tile), ceil_div(m, tile)), (tile, tile)](a, b, c)
+        kernels[tile][(ceil_div(n, tile), ceil_div(m, tile)), (tile, tile)](a, b, c)
+
+    return launch
+
+
+def _register_tile_launcher(factory):
+    """launch(a, b, c, bm, bn, bk, tm, tn) as matmul_register_tile launches, for
+    kernels made by ``factory(BM, BN, BK, TM, TN)``."""
+
+    def launch(a, b, c, bm, bn, bk, tm, tn):
+        m, n = c.shape
+        kernel = factory(bm, bn, bk, tm, tn)
+        kernel[(ceil_div(n, bn), ceil_div(m, bm)), (bm // tm) * (bn // tn)](a, b, c)
 
     return launch
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # may add uninitialised tiles: the point
-def test_tiled_without_syncthreads_fails(rng):
+def test_tiled_without_syncthreads_fails(rng, tmp_path):
+    no_sync = mutant(tmp_path, sol.make_tiled_kernel,
+                     ("cuda.syncthreads()", "pass  # no barrier: the reads race the loads"))
     with pytest.raises(CheckError):
         for _ in range(3):  # a race shows up with high probability on each try
-            check_matmul_tiled(_as_launcher(_tiled_without_sync(4)), rng)
+            check_matmul_tiled(_tiled_launcher(no_sync), rng)
 
 
-def test_tiled_without_bounds_check_fails(rng):
+def test_tiled_without_bounds_check_fails(rng, tmp_path):
+    no_bounds = mutant(tmp_path, sol.make_tiled_kernel,
+                       (" if row < m and k0 + tx < k_total else float32(0.0)", ""),
+                       (" if k0 + ty < k_total and col < n else float32(0.0)", ""),
+                       ("if row < m and col < n:", "if True:  # no bounds checks anywhere"))
     with pytest.raises((CheckError, IndexError)):
-        check_matmul_tiled(_as_launcher(_tiled_without_bounds(4)), rng)
+        check_matmul_tiled(_tiled_launcher(no_bounds), rng)
 
 
-def _register_tile_swapped(BM, BN, BK, TM, TN):
-    TX, TY = BN // TN, BM // TM
-    THREADS = TX * TY
-
-    @cuda.jit
-    def matmul_register_tile_swapped(a, b, c):
-        a_tile = cuda.shared.array((BM, BK), float32)
-        b_tile = cuda.shared.array((BK, BN), float32)
-        acc = cuda.local.array((TM, TN), float32)
-        tid = cuda.threadIdx.x
-        ty, tx = tid % TX, tid // TX  # wrong: tx, ty = tid % TX, tid // TX
-        m, kk = a.shape
-        n = b.shape[1]
-        row0 = cuda.blockIdx.y * BM
-        col0 = cuda.blockIdx.x * BN
-        for i in range(TM):
-            for j in range(TN):
-                acc[i, j] = float32(0.0)
-        for k0 in range(0, kk, BK):
-            for idx in range(tid, BM * BK, THREADS):
-                r, q = idx // BK, idx % BK
-                ok = row0 + r < m and k0 + q < kk
-                a_tile[r, q] = a[row0 + r, k0 + q] if ok else float32(0.0)
-            for idx in range(tid, BK * BN, THREADS):
-                r, q = idx // BN, idx % BN
-                ok = k0 + r < kk and col0 + q < n
-                b_tile[r, q] = b[k0 + r, col0 + q] if ok else float32(0.0)
-            cuda.syncthreads()
-            for k in range(BK):
-                for i in range(TM):
-                    for j in range(TN):
-                        acc[i, j] += a_tile[ty * TM + i, k] * b_tile[k, tx * TN + j]
-            cuda.syncthreads()
-        for i in range(TM):
-            for j in range(TN):
-                row, col = row0 + ty * TM + i, col0 + tx * TN + j
-                if row < m and col < n:
-                    c[row, col] = acc[i, j]
-
-    return matmul_register_tile_swapped
-
-
-def test_register_tile_with_tx_ty_swapped_fails(rng):
-    def launch(a, b, c, bm, bn, bk, tm, tn):
-        m, n = c.shape
-        kernel = _register_tile_swapped(bm, bn, bk, tm, tn)
-        kernel[(ceil_div(n, bn), ceil_div(m, bm)), (bm // tm) * (bn // tn)](a, b, c)
-
+def test_register_tile_with_tx_ty_swapped_fails(rng, tmp_path):
+    swapped = mutant(tmp_path, sol.make_register_tile_kernel,
+                     ("tx, ty = tid % TX, tid // TX", "ty, tx = tid % TX, tid // TX"))
     with pytest.raises((CheckError, IndexError)):
-        check_matmul_register_tile(launch, rng)
+        check_matmul_register_tile(_register_tile_launcher(swapped), rng)
 
 
-def _tiled_acc_float64(TILE):
-    @cuda.jit
-    def matmul_tiled_acc_float64(a, b, c):
-        a_tile = cuda.shared.array((TILE, TILE), float32)
-        b_tile = cuda.shared.array((TILE, TILE), float32)
-        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        row = cuda.blockIdx.y * TILE + ty
-        col = cuda.blockIdx.x * TILE + tx
-        m, kk = a.shape
-        n = b.shape[1]
-        acc = 0.0  # wrong: a float64 accumulator, so every FMA below is float64
-        for k0 in range(0, kk, TILE):
-            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
-            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
-            cuda.syncthreads()
-            for k in range(TILE):
-                acc += a_tile[ty, k] * b_tile[k, tx]
-            cuda.syncthreads()
-        if row < m and col < n:
-            c[row, col] = acc
-
-    return matmul_tiled_acc_float64
-
-
-def test_tiled_with_float64_accumulator_fails(rng):
+def test_tiled_with_float64_accumulator_fails(rng, tmp_path):
     # Right values (the simulator rounds the result to float32 on the store); the
     # float64 check names the line.
-    with pytest.raises(CheckError, match=r"line \d+ of test_ch08_matmul.py: `acc = 0.0` makes "
-                       r"acc float64; write acc = np.float32\(0.0\)"):
-        kernels = {tile: _tiled_acc_float64(tile) for tile in (3, 4)}
-        check_matmul_tiled(lambda a, b, c, tile: _as_launcher(kernels[tile])(a, b, c, tile), rng)
+    acc64 = mutant(tmp_path, sol.make_tiled_kernel,
+                   ("acc = float32(0.0)", "acc = 0.0  # wrong: a float64 accumulator"))
+    with pytest.raises(CheckError, match=r"line \d+ of make_tiled_kernel_mutant.py: `acc = 0.0` "
+                       r"makes acc float64; write acc = np.float32\(0.0\)"):
+        check_matmul_tiled(_tiled_launcher(acc64), rng)
 
 
 def test_register_tile_with_wrong_fragment_fails(rng):
-    sol = load_chapter_module(CHAPTER, "solutions")
-    good = sol.make_register_tile_kernel
-
-    def launch(a, b, c, bm, bn, bk, tm, tn):
+    def one_column_wide(bm, bn, bk, tm, tn):
         # A "register tile" with TN = 1 launched as if it were tn wide: most
         # columns are never written and keep their NaN poison.
-        k = good(bm, bn, bk, tm, 1)
-        m, n = c.shape
-        k[(ceil_div(n, bn), ceil_div(m, bm)), (bm // tm) * (bn // tn)](a, b, c)
+        return sol.make_register_tile_kernel(bm, bn, bk, tm, 1)
 
     with pytest.raises(CheckError):
-        check_matmul_register_tile(launch, rng)
+        check_matmul_register_tile(_register_tile_launcher(one_column_wide), rng)
 
 
 # ------------------------------------------------- the chapter script, every version
@@ -262,11 +185,13 @@ def test_register_tile_with_wrong_fragment_fails(rng):
 
 @pytest.mark.parametrize("m, n, k", [(17, 13, 9), (1, 1, 1), (21, 34, 5)])
 def test_every_script_version_matches_float64(m, n, k, rng):
-    a_h, b_h, a, b = _operands(m, n, k, rng)
+    a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
     ref = mm.matmul_reference(a_h, b_h)
-    versions = dict(mm.gpu_versions())
-    versions["11 tuned"] = (lambda a, b, c: mm.matmul_best(a, b, c), None)
-    for name, (launch, _) in versions.items():
+    versions = mm.gpu_versions()
+    assert [v.number for v in versions] == list(range(3, 11))
+    launchers = {v.label: v.launcher for v in versions}
+    launchers["matmul_best"] = mm.matmul_best
+    for name, launch in launchers.items():
         out = guarded((m, n), np.float32)
         launch(a, b, out.array)
         check(out.array, ref, tol=1e-5, name=name)
@@ -280,50 +205,54 @@ DIVISIBLE = [(1, 1, 1), (2, 3, 3), (3, 1, 5)]
 
 @pytest.mark.parametrize("tiles_m, tiles_n, tiles_k", DIVISIBLE)
 def test_unguarded_kernel_on_divisible_sizes(tiles_m, tiles_n, tiles_k, rng):
-    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
-    bm, bn = fast.tile
-    m, n, k = tiles_m * bm, tiles_n * bn, tiles_k * fast.bk
-    _run_checked(lambda a, b, c: mm.launch_unguarded(fast, a, b, c), m, n, k, rng)
+    tile = mm.SHAPE_8
+    fast = mm.make_matmul_unguarded(tile)
+    m, n, k = tiles_m * tile.bm, tiles_n * tile.bn, tiles_k * tile.bk
+    _run_checked(partial(mm.launch_unguarded, fast, tile), m, n, k, rng)
 
 
 def test_unguarded_kernel_refuses_ragged_sizes(rng):
-    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
-    bm, bn = fast.tile
-    for m, n, k in ((bm + 1, bn, fast.bk), (bm, bn - 1, fast.bk), (bm, bn, fast.bk + 2)):
+    tile = mm.SHAPE_8
+    fast = mm.make_matmul_unguarded(tile)
+    bm, bn, bk = tile.bm, tile.bn, tile.bk
+    for m, n, k in ((bm + 1, bn, bk), (bm, bn - 1, bk), (bm, bn, bk + 2)):
         a = cuda.to_device(random_array((m, k), np.float32, rng))
         b = cuda.to_device(random_array((k, n), np.float32, rng))
         with pytest.raises(ValueError, match="multiples|%"):
-            mm.launch_unguarded(fast, a, b, cuda.device_array((m, n), np.float32))
+            mm.launch_unguarded(fast, tile, a, b, cuda.device_array((m, n), np.float32))
 
 
-@pytest.mark.parametrize("shape", mm.TUNE_SHAPES)
-def test_fast_path_chooses_kernel_by_size(shape, rng):
+@pytest.mark.parametrize("tile", mm.TUNE_SHAPES, ids=str)
+def test_fast_path_chooses_kernel_by_size(tile, rng, monkeypatch):
     """make_matmul_fast: divisible sizes go to the unguarded kernel, ragged ones to
-    the guarded one; both must be right (each kernel counts its launches here)."""
-    launch = mm.make_matmul_fast(*shape)
-    bm, bn, bk = shape[:3]
+    the guarded one; both must be right (each launcher counts its calls here)."""
     used = []
-    real = mm.launch_unguarded, mm.launch_blocktiled
-    try:
-        mm.launch_unguarded = lambda *args: (used.append("fast"), real[0](*args))
-        mm.launch_blocktiled = lambda *args: (used.append("edge"), real[1](*args))
-        _run_checked(launch, bm, 2 * bn, 2 * bk, rng)
-        _run_checked(launch, bm + 3, bn - 1, bk + 1, rng)
-    finally:
-        mm.launch_unguarded, mm.launch_blocktiled = real
-    assert used == ["fast", "edge"]
+
+    def counted(kind, real):
+        def launch(*args):
+            used.append(kind)
+            real(*args)
+
+        return launch
+
+    monkeypatch.setattr(mm, "launch_unguarded", counted("unguarded", mm.launch_unguarded))
+    monkeypatch.setattr(mm, "launch_blocktiled", counted("guarded", mm.launch_blocktiled))
+    launch = mm.make_matmul_fast(tile).launcher
+    _run_checked(launch, tile.bm, 2 * tile.bn, 2 * tile.bk, rng)
+    _run_checked(launch, tile.bm + 3, tile.bn - 1, tile.bk + 1, rng)
+    assert used == ["unguarded", "guarded"]
 
 
 def test_unguarded_kernel_on_ragged_sizes_fails(rng):
     """Launched past the edge (what the size check prevents), the kernel without
     guards writes outside C or reads past A and B: the checks catch it."""
-    fast, _ = mm.make_matmul_fast(*mm.SHAPE_8).kernels
-    bm, bn = fast.tile
-    m, n, k = bm + 5, bn + 3, fast.bk * 2
-    a_h, b_h, a, b = _operands(m, n, k, rng)
+    tile = mm.SHAPE_8
+    fast = mm.make_matmul_unguarded(tile)
+    m, n, k = tile.bm + 5, tile.bn + 3, tile.bk * 2
+    a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
     out = guarded((m, n), np.float32)
     with pytest.raises((CheckError, IndexError)):
-        fast[(ceil_div(n, bn), ceil_div(m, bm)), fast.threads](
+        fast[(ceil_div(n, tile.bn), ceil_div(m, tile.bm)), tile.threads](
             a.reshape(m * k), b.reshape(k * n), out.array.reshape(m * n), n, k)
         check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5)
         out.check_untouched()
@@ -343,18 +272,24 @@ def test_matmul_best_refuses_bad_operands(rng):
     with pytest.raises(ValueError):
         mm.matmul_best(a, cuda.to_device(random_array((2, 5), np.float32, rng)),
                        cuda.device_array((4, 5), np.float32))
+    b = cuda.to_device(random_array((3, 5), np.float32, rng))
+    with pytest.raises(TypeError, match="host"):
+        mm.matmul_best(random_array((4, 3), np.float32, rng), b,
+                       cuda.device_array((4, 5), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        mm.matmul_best(cuda.to_device(random_array((3, 4), np.float32, rng)).T, b,
+                       cuda.device_array((4, 5), np.float32))
 
 
 def test_script_main_runs(tmp_path):
-    results = mm.main(["--sizes", "9x7x5", "--out", str(tmp_path)])
-    assert (tmp_path / "matmul.json").exists()
-    names = [r.name for res in results.values() for r in res]
+    assert mm.main(["--sizes", "9x7x5", "--out", str(tmp_path)]) == 0
+    names = [r["name"] for r in json.loads((tmp_path / "matmul.json").read_text())["results"]]
     assert any(nm.startswith("11 autotuned") for nm in names)
     assert any(nm.startswith("10 unguarded") for nm in names)
     assert any(nm.startswith("9 double buffered") for nm in names)
 
 
 def test_readme_code_is_the_chapter_code():
-    from common.readme_sync import REPO_ROOT, sync_readme
+    from common.internal.readme_sync import REPO_ROOT, sync_readme
 
     assert sync_readme(REPO_ROOT / "chapters" / "08_faster_matmul" / "README.md", write=False) == []

@@ -15,7 +15,7 @@ threads switch every microsecond; on a GPU they show because thousands of
 threads really do run at once.
 """
 
-import common  # noqa: F401  (first)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError, check, guarded, random_array
 from common.runtime import ceil_div, pick
 

@@ -1,10 +1,11 @@
 """Tests of the foundation: runtime selection, launch checks, checking, timing, loaders."""
 
-import common  # noqa: F401  (first)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import checking, runtime, timing
 from common.checking import CheckError, check, guarded, poisoned, random_array, rel_error
-from common.exercises import REPO_ROOT, Implementation, load_chapter_module
-from common.runtime import LaunchConfigError, ceil_div, check_launch, is_simulator, jit, pick
+from common.internal.exercises import REPO_ROOT, Implementation, load_chapter_module
+from common.internal.simulator import LaunchConfigError, check_launch
+from common.runtime import ceil_div, is_simulator, jit, pick
 
 import json
 import os
@@ -411,19 +412,24 @@ def test_device_peaks_are_plausible():
 # ---------------------------------------------------------------- harness
 
 
+def _add(a, b, out, blocks=None):
+    _add_kernel[blocks or ceil_div(out.size, 32), 32](a, b, out)
+
+
 def test_run_versions_checks_every_version(rng):
     from common.harness import run_versions
+
+    from functools import partial
 
     n = 70
     a = random_array(n, rng=rng)
     b = random_array(n, rng=rng)
-    good = lambda out: _add_kernel[ceil_div(n, 32), 32](a, b, out)
-    res = run_versions({"good": good}, a.astype(np.float64) + b, n, tol=1e-6,
+    res = run_versions({"good": _add}, (a, b), a.astype(np.float64) + b, n, tol=1e-6,
                        nbytes=12 * n, repeats=2, warmup=1, print_table=False)
     assert res[0].extra["rel_error"] < 1e-6
-    half = lambda out: _add_kernel[1, 32](a, b, out)  # covers only 32 of 70
+    half = partial(_add, blocks=1)  # covers only 32 of 70
     with pytest.raises(CheckError, match="NaN"):
-        run_versions({"half": half}, a.astype(np.float64) + b, n, print_table=False)
+        run_versions({"half": half}, (a, b), a.astype(np.float64) + b, n, print_table=False)
 
 
 # ---------------------------------------------------------------- exercises & loaders
@@ -438,7 +444,7 @@ def test_implementation_turns_not_implemented_into_skip(tmp_path, monkeypatch):
     chapter = tmp_path / "chapters" / "98_demo"
     chapter.mkdir(parents=True)
     (chapter / "exercises.py").write_text("def f(x):\n    raise NotImplementedError('do it')\n")
-    monkeypatch.setattr("common.exercises.CHAPTERS_DIR", tmp_path / "chapters")
+    monkeypatch.setattr("common.internal.exercises.CHAPTERS_DIR", tmp_path / "chapters")
     impl = Implementation("98_demo", "exercises")
     with pytest.raises(pytest.skip.Exception, match="not attempted yet"):
         impl.f(1)
@@ -487,16 +493,16 @@ def test_numpy_pin_excludes_2_5():
 
 
 def test_readme_code_blocks_match_the_code():
-    from common import readme_sync
+    from common.internal import readme_sync
 
     problems = []
     for readme in readme_sync.all_readmes():
         problems += readme_sync.sync_readme(readme, write=False)
-    assert not problems, "\n".join(problems) + "\nrun: python -m common.readme_sync"
+    assert not problems, "\n".join(problems) + "\nrun: python -m common.internal.readme_sync"
 
 
 def test_readme_sync_extracts_decorated_functions(tmp_path):
-    from common import readme_sync
+    from common.internal import readme_sync
 
     src = tmp_path / "k.py"
     src.write_text("import x\n\n@deco\ndef f(a):\n    return a\n\n\ndef g():\n    pass\n")

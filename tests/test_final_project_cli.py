@@ -10,8 +10,9 @@ work. The network is never reached (``fetch`` is replaced).
 """
 
 # isort: off
-import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 # isort: on
+from common.checking import CheckError
 from common.runtime import is_simulator
 
 import json
@@ -21,9 +22,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from final_project import checks, data, datasets, kernels
 from final_project import compare as fcompare
-from final_project import data as fdata
-from final_project import kernels as K
 from final_project import train as ftrain
 from final_project.model import NetConfig, NumbaCNN, init_params
 
@@ -36,14 +36,14 @@ TINY_CONFIG = NetConfig(height=ftrain.TINY.image_size, width=ftrain.TINY.image_s
 def offline(tmp_path, monkeypatch):
     """No network, an empty cache: MNIST falls back to the shipped sample."""
 
-    monkeypatch.setattr(fdata, "fetch", _no_network)
+    monkeypatch.setattr(datasets, "fetch", _no_network)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     return tmp_path
 
 
 def _tiny_batch(n: int, offset: int = 0):
-    ds = fdata.load_sample()
-    x = fdata.normalise(fdata.shrink(ds.train_images[offset : offset + n], TINY_CONFIG.height),
+    ds = datasets.load_sample()
+    x = data.normalise(data.shrink(ds.train_images[offset : offset + n], TINY_CONFIG.height),
                         ds.mean, ds.std)
     return np.ascontiguousarray(x), ds.train_labels[offset : offset + n].astype(np.int32)
 
@@ -79,7 +79,7 @@ def default_run(tmp_path_factory):
     (earlier / "checkpoint.npz").write_bytes(b"an earlier run")
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fdata, "fetch", _no_network)
+        mp.setattr(datasets, "fetch", _no_network)
         mp.setenv("XDG_CACHE_HOME", str(root / "cache"))
         mp.chdir(root)
         with contextlib.redirect_stdout(printed):
@@ -104,8 +104,8 @@ def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run
     # deterministic and ends near 44%, so 30% is far above chance and below it.
     assert f"on {ftrain.TINY.n_test} images" in printed
     assert accuracy >= 30, printed
-    assert "shipped sample" in printed and "python -m final_project.data --download mnist" in printed
-    assert printed.count("python -m final_project.data --download mnist") == 1
+    assert "shipped sample" in printed and "python -m final_project.datasets --download mnist" in printed
+    assert printed.count("python -m final_project.datasets --download mnist") == 1
     assert "NetConfig(" not in printed and "simulator (simulator)" not in printed
 
 
@@ -183,26 +183,26 @@ def test_loss_falls_on_the_shipped_real_digits():
 
 
 # --------------------------------------------------------------------------
-# --check: the step against the PyTorch twin
+# --check: the step against the float64 reference
 # --------------------------------------------------------------------------
 
 
 def test_check_step_passes_for_the_real_kernels():
     x, y = _tiny_batch(4, offset=100)
     model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
-    errors = ftrain.check_step_against_twin(model, x, y, lr=0.1)
-    assert max(errors.values()) < 1e-4 and "conv1.weight" in errors, errors
+    errors = checks.check_train_step(model, x, y, lr=0.1)
+    assert max(errors.values()) < checks.TOL and "grad conv1.weight" in errors, errors
 
 
 def test_train_cli_check_path(offline, capsys, monkeypatch):
     checked = []
-    real = ftrain.check_step_against_twin
+    real = ftrain.check_train_step
 
     def spy(*args, **kwargs):
         checked.append(real(*args, **kwargs))
         return checked[-1]
 
-    monkeypatch.setattr(ftrain, "check_step_against_twin", spy)
+    monkeypatch.setattr(ftrain, "check_train_step", spy)
     argv = ["--out", str(offline / "c"), "--sample", "--check", "--check-every", "2",
             "--max-steps", "2", "--tiny"]
     assert ftrain.main(argv) == 0
@@ -213,21 +213,37 @@ def test_train_cli_check_path(offline, capsys, monkeypatch):
     assert all(np.isfinite(history[0]["losses"]))
 
 
+def _relu_backward_without_mask(dy, x, dx):
+    dx.copy_to_device(dy)  # passes every gradient through
+
+
+def _sgd_update_that_does_nothing(params, grads, lr):
+    pass
+
+
 def test_check_step_catches_a_broken_gradient(monkeypatch):
-    # ReLU backward that forgets the mask (passes every gradient through).
-    monkeypatch.setattr(K, "relu_backward", lambda dy, x, dx: dx.copy_to_device(dy))
+    monkeypatch.setattr(kernels, "relu_backward", _relu_backward_without_mask)
     x, y = _tiny_batch(4, offset=200)
     model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
-    with pytest.raises(ftrain.CheckFailed, match="disagrees with the PyTorch twin"):
-        ftrain.check_step_against_twin(model, x, y, lr=0.1)
+    with pytest.raises(CheckError, match="grad "):
+        checks.check_train_step(model, x, y, lr=0.1)
 
 
 def test_check_step_catches_a_missing_update(monkeypatch):
-    monkeypatch.setattr(K, "sgd_update", lambda params, grads, lr: None)
+    monkeypatch.setattr(kernels, "sgd_update", _sgd_update_that_does_nothing)
     x, y = _tiny_batch(4, offset=300)
     model = NumbaCNN(TINY_CONFIG, max_batch=4, seed=1)
-    with pytest.raises(ftrain.CheckFailed, match=r"relative error 1 > 0.001"):
-        ftrain.check_step_against_twin(model, x, y, lr=0.1)
+    with pytest.raises(CheckError, match="after step"):
+        checks.check_train_step(model, x, y, lr=0.1)
+
+
+def test_train_cli_check_stops_on_a_broken_kernel(offline, capsys, monkeypatch):
+    monkeypatch.setattr(kernels, "relu_backward", _relu_backward_without_mask)
+    argv = ["--out", str(offline / "c"), "--sample", "--check", "--check-every", "2",
+            "--max-steps", "1", "--tiny"]
+    assert ftrain.main(argv) == 1
+    assert "--check failed: step 1 disagrees with the float64 reference" in \
+        capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------
@@ -291,7 +307,6 @@ def test_wrong_batches_into_the_model_are_clear_errors():
     cases = [
         ((cuda.to_device(x[:, 0]), y_dev), "NCHW"),  # no channel axis
         ((cuda.to_device(np.zeros((4, 1, 28, 28), np.float32)), y_dev), r"expected \(N, 1, 8, 8\)"),
-        ((x, y), "host"),  # NumPy, not on the device
         ((cuda.to_device(x.astype(np.float64)), y_dev), "float32"),
         ((x_dev, cuda.to_device(y.astype(np.int64))), "int32"),
         ((x_dev, y_dev[:3]), "one label per image"),
@@ -301,6 +316,8 @@ def test_wrong_batches_into_the_model_are_clear_errors():
     for (xb, yb), message in cases:
         with pytest.raises(ValueError, match=message):
             model.train_step(xb, yb, lr=0.1)
+    with pytest.raises(TypeError, match="host"):  # NumPy, not on the device
+        model.train_step(x, y, lr=0.1)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -7,7 +7,7 @@ met by made-up bytes, so the tests that download swap in a small fake dataset
 """
 
 # isort: off
-import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 # isort: on
 import dataclasses
 import functools
@@ -20,17 +20,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from final_project import data as fdata
-from final_project.data import (
+from final_project import data, datasets
+from final_project.data import EpochBatches
+from final_project.datasets import (
     ChecksumError,
     DataError,
     DownloadError,
-    EpochBatches,
     IdxFormatError,
     MissingDataError,
 )
 
-STEMS = [s for pair in fdata.SPLITS.values() for s in pair]
+STEMS = [s for pair in datasets.SPLITS.values() for s in pair]
 FAKE_SIZES = {"train": 40, "test": 20}
 
 
@@ -38,7 +38,7 @@ def _write_split_files(folder: Path, rng, compress=True, sizes=FAKE_SIZES) -> di
     """Write the four IDX files of a made-up dataset; return each file's bytes."""
     folder.mkdir(parents=True, exist_ok=True)
     blobs = {}
-    for split, (img, lab) in fdata.SPLITS.items():
+    for split, (img, lab) in datasets.SPLITS.items():
         n = sizes[split]
         arrays = {
             img: rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8),
@@ -46,7 +46,7 @@ def _write_split_files(folder: Path, rng, compress=True, sizes=FAKE_SIZES) -> di
         }
         for stem, a in arrays.items():
             path = folder / (stem + (".gz" if compress else ""))
-            fdata.write_idx(path, a, compress=compress)
+            datasets.write_idx(path, a, compress=compress)
             blobs[stem] = path.read_bytes()
     return blobs
 
@@ -57,12 +57,12 @@ def fake_mnist(tmp_path, rng, monkeypatch):
     served = tmp_path / "served"
     blobs = _write_split_files(served, rng)
     info = dataclasses.replace(
-        fdata.DATASETS["mnist"],
-        gz_md5={s: fdata.md5_hex(b) for s, b in blobs.items()},
-        payload_md5={s: fdata.md5_hex(gzip.decompress(b)) for s, b in blobs.items()},
+        datasets.DATASETS["mnist"],
+        gz_md5={s: datasets.md5_hex(b) for s, b in blobs.items()},
+        payload_md5={s: datasets.md5_hex(gzip.decompress(b)) for s, b in blobs.items()},
     )
-    monkeypatch.setitem(fdata.DATASETS, "mnist", info)
-    monkeypatch.setattr(fdata, "SPLIT_SIZES", FAKE_SIZES)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", info)
+    monkeypatch.setattr(datasets, "SPLIT_SIZES", FAKE_SIZES)
     return served, blobs
 
 
@@ -105,20 +105,20 @@ def _no_network(url, dest, **kwargs):
 def test_idx_round_trip(tmp_path, rng, compress, shape):
     a = rng.integers(0, 256, size=shape, dtype=np.uint8)
     path = tmp_path / "x.idx"
-    fdata.write_idx(path, a, compress=compress)
+    datasets.write_idx(path, a, compress=compress)
     assert (path.read_bytes()[:2] == b"\x1f\x8b") == compress
-    b = fdata.read_idx(path)
+    b = datasets.read_idx(path)
     assert b.dtype == np.uint8 and b.shape == shape
     np.testing.assert_array_equal(a, b)
 
 
 def test_idx_round_trip_on_real_digits(tmp_path):
-    sample = fdata.load_sample()
+    sample = datasets.load_sample()
     for compress in (False, True):
-        fdata.write_idx(tmp_path / "img", sample.test_images, compress=compress)
-        fdata.write_idx(tmp_path / "lab", sample.test_labels, compress=compress)
-        np.testing.assert_array_equal(fdata.read_idx(tmp_path / "img"), sample.test_images)
-        np.testing.assert_array_equal(fdata.read_idx(tmp_path / "lab"), sample.test_labels)
+        datasets.write_idx(tmp_path / "img", sample.test_images, compress=compress)
+        datasets.write_idx(tmp_path / "lab", sample.test_labels, compress=compress)
+        np.testing.assert_array_equal(datasets.read_idx(tmp_path / "img"), sample.test_images)
+        np.testing.assert_array_equal(datasets.read_idx(tmp_path / "lab"), sample.test_labels)
     raw = (tmp_path / "img").read_bytes()
     assert gzip.decompress(raw)[:4] == bytes([0, 0, 8, 3])  # the images' IDX magic
 
@@ -126,43 +126,43 @@ def test_idx_round_trip_on_real_digits(tmp_path):
 def test_corrupt_magic_is_a_clear_error(tmp_path, rng):
     a = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
     path = tmp_path / "bad-idx3-ubyte"
-    fdata.write_idx(path, a)
+    datasets.write_idx(path, a)
     raw = bytearray(path.read_bytes())
     raw[2] = 0x0D  # float32 type code: not uint8
     path.write_bytes(bytes(raw))
     with pytest.raises(IdxFormatError, match=r"bad-idx3-ubyte: bad IDX magic number 0x00000d03"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
     path.write_bytes(b"PK\x03\x04" + bytes(100))  # a zip file, not IDX
     with pytest.raises(IdxFormatError, match="magic"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
     path.write_bytes(b"\x00\x00")
     with pytest.raises(IdxFormatError, match="too short"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
 
 
 @pytest.mark.parametrize("cut", [1, 784, 784 * 3 + 5])
 def test_truncated_idx_is_a_clear_error(tmp_path, rng, cut):
     a = rng.integers(0, 256, size=(4, 28, 28), dtype=np.uint8)
     path = tmp_path / "t10k-images-idx3-ubyte"
-    fdata.write_idx(path, a)
+    datasets.write_idx(path, a)
     path.write_bytes(path.read_bytes()[:-cut])
     with pytest.raises(IdxFormatError, match=r"truncated.*\(4, 28, 28\)"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
     # Too long is wrong too: the header and the payload disagree.
-    fdata.write_idx(path, a)
+    datasets.write_idx(path, a)
     path.write_bytes(path.read_bytes() + b"\x00")
     with pytest.raises(IdxFormatError, match="longer than its header"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
 
 
 def test_truncated_gzip_is_a_clear_error(tmp_path, rng):
     a = rng.integers(0, 256, size=(20, 28, 28), dtype=np.uint8)
     path = tmp_path / "t10k-images-idx3-ubyte.gz"
-    fdata.write_idx(path, a, compress=True)
+    datasets.write_idx(path, a, compress=True)
     blob = path.read_bytes()
     path.write_bytes(blob[: len(blob) // 2])
     with pytest.raises(IdxFormatError, match=r"gzip stream is truncated or corrupt"):
-        fdata.read_idx(path)
+        datasets.read_idx(path)
 
 
 # --------------------------------------------------------------------------
@@ -172,34 +172,34 @@ def test_truncated_gzip_is_a_clear_error(tmp_path, rng):
 
 def test_missing_data_dir_is_an_error(tmp_path):
     with pytest.raises(MissingDataError, match="no such directory"):
-        fdata.load_dataset("mnist", data_dir=tmp_path / "nope")
+        datasets.load_dataset("mnist", data_dir=tmp_path / "nope")
 
 
 def test_data_dir_without_the_files_is_an_error_not_a_fallback(tmp_path, rng, fake_mnist):
     (tmp_path / "empty").mkdir()
     with pytest.raises(MissingDataError, match="t10k-labels-idx1-ubyte") as e:
-        fdata.load_dataset("mnist", data_dir=tmp_path / "empty")
+        datasets.load_dataset("mnist", data_dir=tmp_path / "empty")
     assert "MNIST/raw" in str(e.value)  # says where it looked
     served, _ = fake_mnist
     (served / "train-labels-idx1-ubyte.gz").unlink()
     with pytest.raises(MissingDataError, match=r"train-labels-idx1-ubyte\[\.gz\]") as e:
-        fdata.load_dataset("mnist", data_dir=served)
+        datasets.load_dataset("mnist", data_dir=served)
     assert "t10k" not in str(e.value).split("(looked")[0]  # names only what is missing
 
 
 def test_test_only_needs_only_the_t10k_files(tmp_path, rng, fake_mnist):
     served, _ = fake_mnist
-    for stem in fdata.SPLITS["train"]:
+    for stem in datasets.SPLITS["train"]:
         (served / (stem + ".gz")).unlink()
     with pytest.raises(MissingDataError, match="needs only the two t10k files"):
-        fdata.load_dataset("mnist", data_dir=served)
-    ds = fdata.load_dataset("mnist", data_dir=served, test_only=True).train_from_test(15)
+        datasets.load_dataset("mnist", data_dir=served)
+    ds = datasets.load_dataset("mnist", data_dir=served, test_only=True).train_from_test(15)
     assert ds.train_images.shape == (15, 28, 28) and ds.test_labels.shape == (5,)
 
 
 def test_data_dir_flat_gz_raw_and_torchvision_layouts(tmp_path, rng, fake_mnist):
     served, blobs = fake_mnist
-    ds = fdata.load_dataset("mnist", data_dir=served)
+    ds = datasets.load_dataset("mnist", data_dir=served)
     assert ds.train_images.shape == (40, 28, 28) and ds.test_labels.shape == (20,)
     np.testing.assert_array_equal(
         ds.test_labels, np.frombuffer(gzip.decompress(blobs["t10k-labels-idx1-ubyte"])[8:], np.uint8)
@@ -209,7 +209,7 @@ def test_data_dir_flat_gz_raw_and_torchvision_layouts(tmp_path, rng, fake_mnist)
     raw_dir.mkdir(parents=True)
     for stem, blob in blobs.items():
         (raw_dir / stem).write_bytes(gzip.decompress(blob))
-    ds2 = fdata.load_dataset("mnist", data_dir=tmp_path / "tv")
+    ds2 = datasets.load_dataset("mnist", data_dir=tmp_path / "tv")
     np.testing.assert_array_equal(ds.train_images, ds2.train_images)
     # Recompressed (other .gz bytes, same payload) is accepted through the payload MD5.
     re_dir = tmp_path / "recompressed"
@@ -217,44 +217,44 @@ def test_data_dir_flat_gz_raw_and_torchvision_layouts(tmp_path, rng, fake_mnist)
     for stem, blob in blobs.items():
         (re_dir / (stem + ".gz")).write_bytes(gzip.compress(gzip.decompress(blob), 1, mtime=7))
         assert (re_dir / (stem + ".gz")).read_bytes() != blob
-    ds3 = fdata.load_dataset("mnist", data_dir=re_dir)
+    ds3 = datasets.load_dataset("mnist", data_dir=re_dir)
     np.testing.assert_array_equal(ds.train_labels, ds3.train_labels)
 
 
 def test_data_dir_checksum_mismatch_is_an_error(tmp_path, rng, fake_mnist):
     served, _ = fake_mnist
     # Structurally perfect (20 labels 0-9) but not the official bytes.
-    fdata.write_idx(served / "t10k-labels-idx1-ubyte.gz",
+    datasets.write_idx(served / "t10k-labels-idx1-ubyte.gz",
                     rng.integers(0, 10, size=20, dtype=np.uint8), compress=True)
     with pytest.raises(ChecksumError, match=r"t10k-labels-idx1-ubyte\.gz: checksum mismatch"):
-        fdata.load_dataset("mnist", data_dir=served)
+        datasets.load_dataset("mnist", data_dir=served)
 
 
 def test_data_dir_wrong_shapes_are_errors(tmp_path, rng, monkeypatch):
     # MNIST train-images has no payload MD5 here, so only its structure can be checked.
-    monkeypatch.setattr(fdata, "SPLIT_SIZES", FAKE_SIZES)
-    info = fdata.DATASETS["mnist"]
+    monkeypatch.setattr(datasets, "SPLIT_SIZES", FAKE_SIZES)
+    info = datasets.DATASETS["mnist"]
     path = tmp_path / "train-images-idx3-ubyte"
-    fdata.write_idx(path, rng.integers(0, 256, size=(40, 28, 27), dtype=np.uint8))
+    datasets.write_idx(path, rng.integers(0, 256, size=(40, 28, 27), dtype=np.uint8))
     with pytest.raises(IdxFormatError, match=r"shape \(40, 28, 27\), expected \(40, 28, 28\)"):
-        fdata.verify_and_read(path, info, "train-images-idx3-ubyte")
-    fdata.write_idx(path, rng.integers(0, 256, size=(39, 28, 28), dtype=np.uint8))
+        datasets.verify_and_read(path, info, "train-images-idx3-ubyte")
+    datasets.write_idx(path, rng.integers(0, 256, size=(39, 28, 28), dtype=np.uint8))
     with pytest.raises(IdxFormatError, match="expected"):
-        fdata.verify_and_read(path, info, "train-images-idx3-ubyte")
-    fdata.write_idx(path, rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8))
-    assert fdata.verify_and_read(path, info, "train-images-idx3-ubyte").shape == (40, 28, 28)
+        datasets.verify_and_read(path, info, "train-images-idx3-ubyte")
+    datasets.write_idx(path, rng.integers(0, 256, size=(40, 28, 28), dtype=np.uint8))
+    assert datasets.verify_and_read(path, info, "train-images-idx3-ubyte").shape == (40, 28, 28)
 
 
 def test_real_payload_checksums_reject_a_swapped_dataset(tmp_path):
     # The real MNIST test labels' payload MD5 is known: the sample's labels
     # written as a 10,000-long file must not pass for it.
-    labels = np.resize(fdata.load_sample().test_labels, 10_000)
+    labels = np.resize(datasets.load_sample().test_labels, 10_000)
     path = tmp_path / "t10k-labels-idx1-ubyte"
-    fdata.write_idx(path, labels)
+    datasets.write_idx(path, labels)
     with pytest.raises(ChecksumError, match="official mnist t10k-labels"):
-        fdata.verify_and_read(path, fdata.DATASETS["mnist"], "t10k-labels-idx1-ubyte")
+        datasets.verify_and_read(path, datasets.DATASETS["mnist"], "t10k-labels-idx1-ubyte")
     with pytest.raises(ChecksumError):
-        fdata.verify_and_read(path, fdata.DATASETS["fashion-mnist"], "t10k-labels-idx1-ubyte")
+        datasets.verify_and_read(path, datasets.DATASETS["fashion-mnist"], "t10k-labels-idx1-ubyte")
 
 
 # --------------------------------------------------------------------------
@@ -272,10 +272,10 @@ def test_download_falls_back_across_mirrors_over_http(tmp_path, fake_mnist, http
         (www / "good" / (stem + ".gz")).write_bytes(blob)
         (www / "corrupt" / (stem + ".gz")).write_bytes(blob[:-10] + bytes(10))
     mirrors = (base + "missing/", base + "corrupt/", base + "good/")
-    info = dataclasses.replace(fdata.DATASETS["mnist"], mirrors=mirrors)
-    monkeypatch.setitem(fdata.DATASETS, "mnist", info)
+    info = dataclasses.replace(datasets.DATASETS["mnist"], mirrors=mirrors)
+    monkeypatch.setitem(datasets.DATASETS, "mnist", info)
     cache = tmp_path / "cache"
-    ds = fdata.load_dataset("mnist", cache_dir=cache, progress=False,
+    ds = datasets.load_dataset("mnist", cache_dir=cache, progress=False,
                             log=lambda s: pytest.fail(f"fell back to the sample: {s}"))
     assert not ds.is_sample and "cache" in ds.source
     assert sorted(p.name for p in cache.iterdir()) == sorted(s + ".gz" for s in STEMS)
@@ -289,10 +289,10 @@ def test_download_error_lists_every_mirror_and_leaves_no_file(tmp_path, fake_mni
     (www / "corrupt").mkdir()
     stem = "t10k-labels-idx1-ubyte"
     (www / "corrupt" / (stem + ".gz")).write_bytes(blobs[stem][::-1])
-    info = fdata.DATASETS["mnist"]
+    info = datasets.DATASETS["mnist"]
     cache = tmp_path / "cache"
     with pytest.raises(DownloadError) as e:
-        fdata.download_file(info, stem, cache, mirrors=(base + "missing/", base + "corrupt/"),
+        datasets.download_file(info, stem, cache, mirrors=(base + "missing/", base + "corrupt/"),
                             progress=False)
     msg = str(e.value)
     assert "404" in msg and "checksum mismatch" in msg and "--data-dir" in msg
@@ -309,11 +309,11 @@ def test_interrupted_download_leaves_no_partial_file(tmp_path, fake_mnist, monke
         dest.write(blobs[stem][:1000])  # half a file, then the connection drops
         raise ConnectionResetError("connection reset by peer")
 
-    monkeypatch.setattr(fdata, "fetch", flaky_fetch)
+    monkeypatch.setattr(datasets, "fetch", flaky_fetch)
     cache = tmp_path / "cache"
     with pytest.raises(DownloadError, match="connection reset"):
-        fdata.download_file(fdata.DATASETS["mnist"], stem, cache, progress=False)
-    assert len(calls) == len(fdata.DATASETS["mnist"].mirrors)  # every mirror was tried
+        datasets.download_file(datasets.DATASETS["mnist"], stem, cache, progress=False)
+    assert len(calls) == len(datasets.DATASETS["mnist"].mirrors)  # every mirror was tried
     assert list(cache.iterdir()) == []
 
 
@@ -322,36 +322,36 @@ def test_downloaded_checksum_mismatch_is_rejected(tmp_path, monkeypatch):
     def wrong_bytes(url, dest, **kwargs):
         dest.write(gzip.compress(b"\x00\x00\x08\x01" + (3).to_bytes(4, "big") + b"\x01\x02\x03"))
 
-    monkeypatch.setattr(fdata, "fetch", wrong_bytes)
+    monkeypatch.setattr(datasets, "fetch", wrong_bytes)
     with pytest.raises(DownloadError, match="checksum mismatch") as e:
-        fdata.download("fashion-mnist", tmp_path / "cache", progress=False)
+        datasets.download("fashion-mnist", tmp_path / "cache", progress=False)
     assert "ec29112d" not in str(e.value) and "8d4fb7e6c68d591d4c3dfef9ec88bf0d" in str(e.value)
     assert list((tmp_path / "cache").iterdir()) == []
 
 
 def test_no_network_falls_back_to_the_sample_and_says_how_to_fetch(tmp_path, monkeypatch):
-    monkeypatch.setattr(fdata, "fetch", _no_network)
+    monkeypatch.setattr(datasets, "fetch", _no_network)
     lines = []
-    ds = fdata.load_dataset("mnist", cache_dir=tmp_path / "cache", log=lines.append)
+    ds = datasets.load_dataset("mnist", cache_dir=tmp_path / "cache", log=lines.append)
     assert ds.is_sample and len(lines) == 1
-    assert "python -m final_project.data --download mnist" in lines[0]
+    assert "python -m final_project.datasets --download mnist" in lines[0]
     # Fashion-MNIST has no sample to fall back on: an error that says what to do.
     with pytest.raises(DownloadError, match="--data-dir"):
-        fdata.load_dataset("fashion-mnist", cache_dir=tmp_path / "cache2", log=lines.append)
+        datasets.load_dataset("fashion-mnist", cache_dir=tmp_path / "cache2", log=lines.append)
 
 
 def test_cached_files_are_used_without_network(tmp_path, fake_mnist, monkeypatch):
     served, _ = fake_mnist
-    monkeypatch.setattr(fdata, "fetch", _no_network)
-    ds = fdata.load_dataset("mnist", cache_dir=served, log=pytest.fail)
+    monkeypatch.setattr(datasets, "fetch", _no_network)
+    ds = datasets.load_dataset("mnist", cache_dir=served, log=pytest.fail)
     assert not ds.is_sample and len(ds.train_labels) == 40
 
 
 def test_data_cli_verify(tmp_path, fake_mnist, capsys):
     served, _ = fake_mnist
-    assert fdata.main(["--verify", str(served)]) == 0
+    assert datasets.main(["--verify", str(served)]) == 0
     assert "ok:" in capsys.readouterr().out
-    assert fdata.main(["--verify", str(tmp_path / "nope")]) == 1
+    assert datasets.main(["--verify", str(tmp_path / "nope")]) == 1
     assert "no such directory" in capsys.readouterr().err
 
 
@@ -361,7 +361,7 @@ def test_data_cli_verify(tmp_path, fake_mnist, capsys):
 
 
 def test_shipped_sample_is_real_mnist():
-    ds = fdata.load_sample()
+    ds = datasets.load_sample()
     assert ds.is_sample and ds.name == "mnist"
     assert ds.train_images.shape == (1700, 28, 28) and ds.test_images.shape == (300, 28, 28)
     assert ds.train_images.dtype == np.uint8 and ds.train_labels.dtype == np.uint8
@@ -370,13 +370,13 @@ def test_shipped_sample_is_real_mnist():
     # Real digits: dark background, bright strokes, mean near MNIST's 0.1307.
     assert abs(ds.train_images.mean() / 255 - 0.1307) < 0.01
     assert (ds.train_images[:, 0, :] == 0).mean() > 0.99
-    with np.load(fdata.SAMPLE_PATH) as z:
+    with np.load(datasets.SAMPLE_PATH) as z:
         idx = np.concatenate([z["train_index"], z["test_index"]])
     assert len(np.unique(idx)) == 2000 and idx.max() < 10_000
 
 
 def test_train_from_test_split():
-    ds = fdata.load_sample()
+    ds = datasets.load_sample()
     cut = ds.train_from_test(200)
     np.testing.assert_array_equal(cut.train_images, ds.test_images[:200])
     np.testing.assert_array_equal(cut.test_labels, ds.test_labels[200:])
@@ -387,14 +387,14 @@ def test_train_from_test_split():
 
 
 def test_normalise():
-    ds = fdata.load_sample()
-    x = fdata.normalise(ds.train_images, ds.mean, ds.std)
+    ds = datasets.load_sample()
+    x = data.normalise(ds.train_images, ds.mean, ds.std)
     assert x.dtype == np.float32 and x.shape == (1700, 1, 28, 28)
     ref = (ds.train_images.astype(np.float64) / 255 - 0.1307) / 0.3081
     np.testing.assert_allclose(x[:, 0], ref, rtol=1e-6, atol=1e-6)
     assert abs(x.mean()) < 0.05 and abs(x.std() - 1) < 0.05
     with pytest.raises(ValueError, match="uint8"):
-        fdata.normalise(ds.train_images.astype(np.float32), 0.1, 0.3)
+        data.normalise(ds.train_images.astype(np.float32), 0.1, 0.3)
 
 
 @pytest.mark.parametrize("batch_size,drop_last", [(7, True), (7, False), (30, True), (1, True)])

@@ -12,7 +12,9 @@ kernel runs the GPU tile shape on a problem of one or two blocks, so the code
 path a GPU takes is the one checked.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError, check, guarded, random_array
+
 import dataclasses
 from types import SimpleNamespace
 
@@ -22,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from numba import cuda
 
-from common.checking import CheckError, check, guarded, random_array
 from final_project import fast_conv as FC
 
 # float32 kernels against float64 truth. Every output is a sum of at most

@@ -8,21 +8,22 @@ float64 truth land near 1e-6; the tolerance 1e-4 (final_project.checks.TOL)
 leaves room for sums of a few thousand terms and fails any wrong index.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import CheckError, check, guarded, random_array, rounding_tolerance
+from common.runtime import ceil_div
+
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mutants import mutant
 from numba import cuda
 
-from common.checking import CheckError, check, guarded, random_array, rounding_tolerance
+from final_project import checks
 from final_project import fast_layers as fl
-from common.runtime import ceil_div
-from final_project import checks as C
 from final_project.checks import TOL
-from test_final_project_layers import mutant
 
 
 def _t(a, grad=False):
@@ -369,7 +370,7 @@ def test_classifier_fused(rng, n, hidden, classes):
     # its log-sum-exp near 90 (checks.softmax_grad_magnitude), and dh carries
     # that rounding through w: allow exactly that, no more. A wrong label or a
     # missing max-subtraction errs by O(1) or overflows.
-    mag = C.softmax_grad_magnitude(logits_ref.detach().numpy())
+    mag = checks.softmax_grad_magnitude(logits_ref.detach().numpy())
     check(outs["dlogits"].array, logits_ref.grad, rounding_tolerance(logits_ref.grad, mag, 4, TOL),
           "dlogits")
     dh_mag = (mag @ np.abs(w.astype(np.float64))) * (h > 0)
@@ -415,7 +416,7 @@ def check_classifier_extreme_rows(rng, classifier=fl.classifier_fused):
     check(outs["row_loss"].array, row_ref,
           rounding_tolerance(row_ref, 800 + math.log(classes), 4, TOL),
           "row loss (rows near +-800)")
-    grad_tol = C.softmax_grad_tol(logits_ref.detach().numpy(), logits_ref.grad)
+    grad_tol = checks.softmax_grad_tol(logits_ref.detach().numpy(), logits_ref.grad)
     check(outs["dlogits"].array, logits_ref.grad, grad_tol, "dlogits (rows near +-800)")
     # Unit 0's true gradient is 800 * sum(dlogits) of a row = 0, so float32 leaves
     # only 800 times dlogits' rounding there: check the other units.

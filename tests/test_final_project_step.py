@@ -1,14 +1,14 @@
-"""The whole NumbaCNN: one training step against the PyTorch twin, eval mode,
-learning on a small batch, state dicts, and bad-input errors."""
+"""The whole NumbaCNN: one training step against the float64 reference, eval
+mode, learning on a small batch, state dicts, and bad-input errors."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 import numpy as np
 import pytest
 import torch
 from numba import cuda
 
-from common.checking import check
-from final_project import checks as C
+from final_project import checks
 from final_project.model import (
     BUFFER_NAMES,
     PARAM_NAMES,
@@ -17,36 +17,31 @@ from final_project.model import (
     init_params,
     param_shapes,
 )
-from final_project.torch_twin import TorchCNN, torch_train_step
+from final_project.torch_twin import TorchCNN
 
 SMALL = NetConfig(in_channels=1, height=8, width=8, c1=3, c2=4, hidden=8, num_classes=5)
 ODD = NetConfig(in_channels=2, height=4, width=12, c1=2, c2=3, hidden=5, num_classes=3)
 
 
 @pytest.mark.parametrize("config, n", [(SMALL, 2), (SMALL, 1), (ODD, 3)])
-def test_train_step_matches_twin(rng, config, n):
-    C.check_train_step(config, n, rng, lr=0.1, seed=int(rng.integers(1000)))
+def test_train_step_matches_reference(rng, config, n):
+    # max_batch n + 1: a batch smaller than the buffers uses their first rows
+    model = NumbaCNN(config, max_batch=n + 1, seed=int(rng.integers(1000)))
+    x, y = checks.random_batch(config, n, rng)
+    checks.check_train_step(model, x, y, lr=0.1)
 
 
-def test_eval_forward_matches_twin(rng):
-    C.check_eval_forward(SMALL, 2, rng, seed=1, train_steps=2)
+def test_eval_forward_matches_reference(rng):
+    checks.check_eval_forward(SMALL, 2, rng, seed=1, train_steps=2)
 
 
 def test_partial_batch_after_full_batch(rng):
     """A last batch smaller than max_batch uses the first rows of every buffer."""
-    state = init_params(SMALL, 5)
-    model = NumbaCNN(SMALL, max_batch=3, params=state)
-    twin = TorchCNN.from_state_dict(SMALL, state, dtype=torch.float64)
-    opt = torch.optim.SGD(twin.parameters(), lr=0.05)
+    model = NumbaCNN(SMALL, max_batch=3, params=init_params(SMALL, 5))
     for n in (3, 1):
-        x, y = C.random_batch(SMALL, n, rng)
-        model.train_step(cuda.to_device(x), cuda.to_device(y), 0.05)
-        loss = torch_train_step(twin, opt, torch.from_numpy(x).double(), torch.from_numpy(y))
-        check(model.loss, loss.reshape(1), 1e-4, f"loss at batch {n}")
-    after, tstate = model.state_dict(), twin.state_dict()
-    for name in (*PARAM_NAMES, *BUFFER_NAMES):
-        check(after[name], tstate[name], 1e-4, name)
-    assert int(after["bn1.num_batches_tracked"]) == int(tstate["bn1.num_batches_tracked"]) == 2
+        x, y = checks.random_batch(SMALL, n, rng)
+        checks.check_train_step(model, x, y, lr=0.05)
+    assert int(model.state_dict()["bn1.num_batches_tracked"]) == 2
 
 
 def _structured_batch(config, n, rng):
@@ -97,7 +92,7 @@ def test_init_params_matches_torch_default_bounds():
 
 def test_state_dict_round_trip_and_twin_load(rng):
     model = NumbaCNN(SMALL, max_batch=2, seed=3)
-    x, y = C.random_batch(SMALL, 2, rng)
+    x, y = checks.random_batch(SMALL, 2, rng)
     model.train_step(cuda.to_device(x), cuda.to_device(y), 0.1)
     state = model.state_dict()
     other = NumbaCNN(SMALL, max_batch=4, seed=99)
@@ -135,11 +130,14 @@ def test_config_errors():
 
 def test_validate_batch_errors(rng):
     model = NumbaCNN(SMALL, max_batch=2)
-    x, y = C.random_batch(SMALL, 2, rng)
+    x, y = checks.random_batch(SMALL, 2, rng)
     x_, y_ = cuda.to_device(x), cuda.to_device(y)
     model.validate_batch(x_, y_)  # the good case passes
+    with pytest.raises(TypeError, match="host"):
+        model.validate_batch(x, y_)
+    with pytest.raises(TypeError, match="host"):
+        model.train_step(x_, y, 0.1)
     bad = [
-        ((x, y_), "host"),
         ((cuda.to_device(x.astype(np.float64)), y_), "float32"),
         ((cuda.to_device(x[:, 0]), y_), "shape"),
         ((cuda.to_device(np.zeros((2, 1, 8, 4), np.float32)), y_), "shape"),
@@ -163,7 +161,7 @@ def test_validate_batch_errors(rng):
 
 def test_check_gpu_script_runs_at_simulator_sizes(tmp_path):
     """python -m final_project.check_gpu cannot rot: its whole path runs here, tiny."""
-    from common import racecheck
+    from common.internal import racecheck
 
     from final_project import check_gpu
 

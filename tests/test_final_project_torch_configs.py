@@ -2,7 +2,9 @@
 eager against a float64 SGD step by hand, every other configuration against
 eager, in-place refills of the static batch, and the errors."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import check
+
 import functools
 
 import numpy as np
@@ -10,8 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.checking import check
-from final_project import checks as C
+from final_project import checks
 from final_project.model import BUFFER_NAMES, PARAM_NAMES, NetConfig, init_params
 from final_project.torch_configs import (
     TORCH_CONFIGS,
@@ -28,7 +29,7 @@ CPU = torch.device("cpu")
 
 def _batch(config, n, rng, device=CPU):
     """x (n, C, H, W) float32, y (n,) int32 (the labels our kernels take) on ``device``."""
-    x, y = C.random_batch(config, n, rng)
+    x, y = checks.random_batch(config, n, rng)
     return torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
 
 

@@ -1,9 +1,9 @@
-"""common.float32_purity: every form of float64 promotion is named by its line, a
+"""common.internal.float32_purity: every form of float64 promotion is named by its line, a
 float32-pure kernel passes, and launches are recorded with their real argument types."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError
-from common.float32_purity import (
+from common.internal.float32_purity import (
     assert_float32_pure,
     float32_pure_launches,
     float64_uses,

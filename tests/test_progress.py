@@ -5,9 +5,10 @@ two of plain-Python exercises, their solutions and their tests) and points the
 loaders at it, so nothing depends on the state of the learner's own files.
 """
 
-import common  # noqa: F401  (first)
-from common import exercises, progress
-from common.exercises import REPO_ROOT, Implementation
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import progress
+from common.internal import exercises
+from common.internal.exercises import REPO_ROOT, Implementation
 
 import re
 import subprocess
@@ -54,7 +55,7 @@ def triple(x):
 TESTS = '''\
 import pytest
 
-from common.exercises import implementations
+from common.internal.exercises import implementations
 
 CHAPTER = "{chapter}"
 
@@ -191,6 +192,18 @@ def test_names_the_raise_left_in_a_written_function(course, capsys):
             "your code is written") in _line(out, "98.3"), out
 
 
+def test_an_untouched_stub_with_template_code_after_its_raise_is_not_called_written(
+        course, capsys):
+    # A launcher stub can carry template code below its raise (a launch to complete):
+    # that is the stub's, not the learner's, so the hint is "replace", not "delete".
+    template = STUBS.replace(
+        '    raise NotImplementedError("Exercise 98.3: triple")',
+        '    raise NotImplementedError("Exercise 98.3: triple")\n    y = 3 * x\n    return y')
+    course("98_demo", template)
+    rc, out = _progress(capsys, "98")
+    assert "raises NotImplementedError: replace that line with your code" in _line(out, "98.3"), out
+
+
 def test_a_syntax_error_is_reported_and_other_chapters_still_run(course, capsys):
     course("98_demo", SOLUTIONS)
     course("97_demo", STUBS.replace('raise NotImplementedError("Exercise 98.2: double")', "return 2 *"))
@@ -228,7 +241,7 @@ def test_pytest_collects_every_chapter_when_one_exercises_file_is_broken(course,
 
 
 def test_not_implemented_error_from_elsewhere_is_a_failure(course):
-    folder = course("98_demo", "from common.exercises import import_sibling\n"
+    folder = course("98_demo", "from common.internal.exercises import import_sibling\n"
                                "lib = import_sibling(__file__, 'lib')\n\n\n"
                                "def add_one(x):\n    return lib.add(x, 1)\n")
     (folder / "lib.py").write_text("def add(x, y):\n    raise NotImplementedError('no add here')\n")

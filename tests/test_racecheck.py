@@ -4,17 +4,21 @@ course (barriers, atomics, the last-block ticket) never are; numba-cuda's own
 simulator tests stay green with the course's runtime and the detector on."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import racecheck
 from common.checking import CheckError
-from common.racecheck import RaceError, intentional_race
-from common.runtime import LaunchConfigError, interleaved_threads, is_simulator
+from common.internal import racecheck
+from common.internal.racecheck import RaceError, intentional_race
+from common.internal.simulator import LaunchConfigError
+from common.runtime import interleaved_threads, is_simulator
 
 import contextlib
+import functools
 import importlib
 import inspect
 import os
 import re
+import tempfile
 import unittest
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,6 +91,14 @@ def softmax_row_max_no_barrier(x, out):
     out[cuda.blockIdx.x, t] = s[t]
 
 
+@functools.cache
+def _ch08_tiled_without_sync():
+    """Chapter 08's tiled matmul (4x4 tiles) with its barriers removed."""
+    folder = Path(tempfile.mkdtemp(prefix="racecheck-ch08-"))
+    factory = ch08.mutant(folder, ch08.sol.make_tiled_kernel, ("cuda.syncthreads()", "pass"))
+    return factory(4)
+
+
 # Each racy kernel of the suite, with a tiny launch and what the report must name:
 # (kernel name, array, kind of memory). The shapes are the smallest that race.
 RACY = {
@@ -132,9 +144,9 @@ RACY = {
             _ints(B, 9), _zeros(B, dtype=np.int32), _zeros(1, dtype=np.int32)),
         "block_scan_one_barrier", "s[", "shared"),
     "ch08 tiled matmul: no syncthreads": (
-        lambda: ch08._tiled_without_sync(4)[(1, 1), (4, 4)](
+        lambda: _ch08_tiled_without_sync()[(1, 1), (4, 4)](
             _floats(4, 8), _floats(8, 4, seed=1), _zeros(4, 4)),
-        "matmul_tiled_no_sync", "_tile[", "shared"),
+        "matmul_tiled", "_tile[", "shared"),
     "checker: tiled matmul without barriers": (
         lambda: bugs.matmul_tiled_no_sync[(1, 1), (bugs.TILE, bugs.TILE)](
             _floats(bugs.TILE, 2 * bugs.TILE), _floats(2 * bugs.TILE, bugs.TILE, seed=1),

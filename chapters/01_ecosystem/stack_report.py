@@ -9,13 +9,11 @@ Run: python chapters/01_ecosystem/stack_report.py [--out runs/01_ecosystem]
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime
+from common.harness import run_script, script_parser
 
-import argparse
 import importlib.metadata as metadata
 import json
 import platform
-import sys
-from pathlib import Path
 
 # (layer, distribution name on PyPI, what it is) -- one line each, in stack order.
 STACK = [
@@ -61,10 +59,8 @@ def gpu_description():
         return f"simulator ({runtime.REASON})"
     from numba import cuda
 
-    dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else dev.name
-    cc = ".".join(map(str, dev.compute_capability))
-    return f"{name}, compute capability {cc}"
+    cc = ".".join(map(str, cuda.get_current_device().compute_capability))
+    return f"{runtime.device_name()}, compute capability {cc}"
 
 
 def report():
@@ -82,9 +78,7 @@ def report():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/01_ecosystem", help="folder for stack.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "01_ecosystem").parse_args(argv)
     r = report()
     print(f"Python {r['python']} on {r['platform']}")
     print(f"kernels run on: {r['device']}")
@@ -95,12 +89,11 @@ def main(argv=None):
         import torch
 
         print(f"torch CUDA build: {torch.version.cuda}; torch sees a GPU: {torch.cuda.is_available()}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stack.json").write_text(json.dumps(r, indent=2))
-    print(f"wrote {out / 'stack.json'}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "stack.json").write_text(json.dumps(r, indent=2))
+    print(f"wrote {args.out / 'stack.json'}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -11,11 +11,9 @@ Run: python chapters/02_setup/device_query.py [--out runs/02_setup]
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import runtime
+from common.harness import run_script, script_parser
 
-import argparse
 import json
-import sys
-from pathlib import Path
 
 # (attribute, unit, why a kernel writer cares) in the order a kernel meets them.
 EXPLAINED = [
@@ -67,7 +65,7 @@ def simulator_limits():
 def query():
     """({attribute: value}, source): the GPU's attributes, or the simulator's limits."""
     if runtime.is_simulator():
-        return simulator_limits(), "simulator (no device): limits enforced by common.runtime"
+        return simulator_limits(), "simulator (no device): the limits the course's simulator enforces"
     from common.doctor import device_attributes
 
     attrs = device_attributes()
@@ -89,9 +87,7 @@ def _fmt(value, unit):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/02_setup", help="folder for device_query.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "02_setup").parse_args(argv)
     attrs, source = query()
     print(f"device: {source}")
     for key, unit, why in EXPLAINED:
@@ -101,14 +97,13 @@ def main(argv=None):
         print("The simulator runs each CUDA thread as a Python thread: no SMs, clocks or")
         print("caches to report. Launches beyond these limits raise LaunchConfigError, as")
         print("a GPU would refuse them. On a GPU this script lists every attribute.")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "device_query.json").write_text(json.dumps(
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "device_query.json").write_text(json.dumps(
         {"source": source, "attributes": {k: v for k, v in attrs.items() if k != "uuid"}},
         indent=2, default=str))
-    print(f"wrote {out / 'device_query.json'}")
+    print(f"wrote {args.out / 'device_query.json'}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -16,15 +16,12 @@ Run: python chapters/03_python_for_kernels/float64_promotion.py [--out runs/03_p
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, is_simulator, pick
-from common.harness import run_versions
-from common.timing import device_peaks, format_table, readme_figures, write_json
+from common import ceil_div, is_simulator, pick, random_array
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.timing import device_peaks, format_table, readme_figures
 
-import argparse
 import math
 import re
-import sys
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -41,9 +38,22 @@ def step_f32(v):
     return v * MUL + ADD  # module-level np.float32 constants stay float32
 
 
+def fma_chain_reference(x, iters, mul=MUL, add=ADD):
+    """float64 result of ``iters`` steps v -> mul * v + add from v = x, elementwise.
+
+    In closed form (a geometric series), v_n = mul**n * x + add * (1 - mul**n) / (1 - mul),
+    so the check costs one pass over the array instead of ``iters``. mul and add may be
+    scalars or arrays shaped like x (mul != 1). Chapters 4 and 5 check their FMA chains
+    with it too.
+    """
+    mul, add = np.asarray(mul, np.float64), np.asarray(add, np.float64)
+    mn = mul**iters
+    return x.astype(np.float64) * mn + add * (1 - mn) / (1 - mul)
+
+
 # version 1: bare literals; each of the ITERS steps is a float64 FMA.
 @cuda.jit
-def fma_chain_promoted(x, out, iters):
+def fma_chain_promoted(x, iters, out):
     i = cuda.grid(1)
     if i < x.size:
         v = x[i]
@@ -54,7 +64,7 @@ def fma_chain_promoted(x, out, iters):
 
 # version 2: float32 constants; each step is one float32 FMA.
 @cuda.jit
-def fma_chain_f32(x, out, iters):
+def fma_chain_f32(x, iters, out):
     i = cuda.grid(1)
     if i < x.size:
         v = x[i]
@@ -106,9 +116,7 @@ def f64_instruction_count(kernel):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/03_python_for_kernels", help="folder for float64_promotion.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "03_python_for_kernels").parse_args(argv)
 
     print("types Numba infers for a float32 argument:")
     for name, ret in typing_report():
@@ -116,24 +124,21 @@ def main(argv=None):
 
     n = pick(gpu=1 << 24, simulator=200)
     iters = pick(gpu=256, simulator=3)
-    threads = 256
-    rng = np.random.default_rng(0)
-    x_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    x_host = random_array(n, rng=np.random.default_rng(0), low=0.5, high=1.5)
     x = cuda.to_device(x_host)
+    threads = 256
     grid = ceil_div(n, threads)
     peaks = device_peaks()
 
-    v = x_host.astype(np.float64)
-    for _ in range(iters):
-        v = v * np.float64(MUL) + np.float64(ADD)
+    # Each version is its kernel with its launch configuration: one thread an element.
     fma = run_versions(
-        {"1 fma_chain_promoted": lambda out: fma_chain_promoted[grid, threads](x, out, iters),
-         "2 fma_chain_f32": lambda out: fma_chain_f32[grid, threads](x, out, iters)},
-        v, n, np.float32, tol=1e-5, flops=2 * iters * n, peaks=peaks, print_table=False)
+        {"1 fma_chain_promoted": fma_chain_promoted[grid, threads],
+         "2 fma_chain_f32": fma_chain_f32[grid, threads]},
+        (x, iters), fma_chain_reference(x_host, iters), n, np.float32, tol=1e-5,
+        flops=2 * iters * n, peaks=peaks, print_table=False)
     exp = run_versions(
-        {"3 exp_promoted": lambda out: exp_promoted[grid, threads](x, out),
-         "4 exp_f32": lambda out: exp_f32[grid, threads](x, out)},
-        np.exp(x_host.astype(np.float64) * 0.5), n, np.float32, tol=1e-6,
+        {"3 exp_promoted": exp_promoted[grid, threads], "4 exp_f32": exp_f32[grid, threads]},
+        (x,), np.exp(x_host.astype(np.float64) * 0.5), n, np.float32, tol=1e-6,
         nbytes=8 * n, peaks=peaks, print_table=False)
     results = fma + exp
     print(format_table(results, title=f"float64 promotion, n = {n:,} ({iters} FMAs an element "
@@ -148,12 +153,10 @@ def main(argv=None):
         print(f"  exp:       promoted / float32 time = {exp[0].median_ms / exp[1].median_ms:.2f}x")
     else:  # no PTX and no times in the simulator: show the GPU run's
         print(readme_figures(__file__).format())
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "float64_promotion.json", device=peaks["device"], n=n,
-               iters=iters, typing=typing_report())
-    print(f"wrote {out_dir / 'float64_promotion.json'}")
+    save_results(results, args.out, "float64_promotion", n=n, iters=iters,
+                 typing=typing_report())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

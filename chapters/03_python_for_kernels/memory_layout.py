@@ -11,12 +11,10 @@ Run: python chapters/03_python_for_kernels/memory_layout.py [--out runs/03_pytho
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, readme_figures, write_json
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.timing import device_peaks, readme_figures
 
-import argparse
-import sys
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 from numba import cuda
@@ -64,9 +62,7 @@ def copy_2d(src, dst):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/03_python_for_kernels", help="folder for memory_layout.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "03_python_for_kernels").parse_args(argv)
     show_flat_layout()
     print()
     show_int_overflow()
@@ -84,10 +80,11 @@ def main(argv=None):
     rows, cols = at_view.shape
     grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
     peaks = device_peaks()
+    # The versions differ only in their source: the same launch, bound to each.
     results = run_versions(
-        {"1 copy_2d, row-major source": lambda out: copy_2d[grid, block](src_contiguous, out),
-         "2 copy_2d, A.T view source": lambda out: copy_2d[grid, block](src_strided, out)},
-        at_view.astype(np.float64), at_view.shape, np.float32, tol=0,
+        {"1 copy_2d, row-major source": partial(copy_2d[grid, block], src_contiguous),
+         "2 copy_2d, A.T view source": partial(copy_2d[grid, block], src_strided)},
+        (), at_view.astype(np.float64), at_view.shape, np.float32, tol=0,
         nbytes=2 * 4 * at_view.size, title=f"reading A.T in a kernel ({rows}x{cols} float32)",
         peaks=peaks)
     print("both versions checked against A.T (exact): same values, only the memory order "
@@ -96,11 +93,9 @@ def main(argv=None):
         print(f"  the strided read is {results[1].median_ms / results[0].median_ms:.1f}x slower")
     else:
         print(readme_figures(__file__).format())
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "memory_layout.json", device=peaks["device"], n=n)
-    print(f"wrote {out_dir / 'memory_layout.json'}")
+    save_results(results, args.out, "memory_layout", n=n)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -15,14 +15,13 @@ Run: python chapters/05_first_kernels/atomics_counter.py [--out runs/05_first_ke
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, is_simulator, pick
-from common.racecheck import RaceError, intentional_race
+from common import RaceError, ceil_div, intentional_race, is_simulator, pick
+from common.harness import run_script, save_results, script_parser
 from common.runtime import interleaved_threads
-from common.timing import benchmark, device_peaks, format_table, readme_figures, write_json
+from common.timing import benchmark, device_peaks, format_table, readme_figures
 
-import argparse
 import sys
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 from numba import cuda
@@ -55,9 +54,7 @@ def count(kernel, x, threshold, threads_per_block=256):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for atomics_counter.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "05_first_kernels").parse_args(argv)
     n = pick(gpu=1 << 24, simulator=512)
     runs = 5
     rng = np.random.default_rng(0)
@@ -102,18 +99,16 @@ def main(argv=None):
         counter = cuda.to_device(np.zeros(1, dtype=np.int32))
         grid, block = ceil_div(n, 256), 256
         results = [
-            benchmark(lambda k=k: k[grid, block](x, np.float32(threshold), counter), name,
+            benchmark(partial(kernel[grid, block], x, np.float32(threshold), counter), name,
                       nbytes=4 * n, peaks=peaks)
-            for name, k in (("1 plain += (wrong)", count_above_plain),
-                            ("2 cuda.atomic.add", count_above_atomic))
+            for name, kernel in (("1 plain += (wrong)", count_above_plain),
+                                 ("2 cuda.atomic.add", count_above_atomic))
         ]
         print(format_table(results, title="cost of the atomic (half the threads hit one address)"))
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "atomics_counter.json", device=peaks["device"], n=n,
-               plain_counts=plain, atomic_counts=atomic, expected=expected)
-    print(f"wrote {out_dir / 'atomics_counter.json'}")
+    save_results(results, args.out, "atomics_counter", n=n, plain_counts=plain,
+                 atomic_counts=atomic, expected=expected)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

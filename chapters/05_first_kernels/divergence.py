@@ -12,16 +12,15 @@ Run: python chapters/05_first_kernels/divergence.py [--out runs/05_first_kernels
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, format_table, readme_figures, write_json
-
-import argparse
-import sys
-from pathlib import Path
+from common import ceil_div, load_chapter_module, pick, random_array
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.timing import device_peaks, format_table, readme_figures
 
 import numpy as np
 from numba import cuda
+
+# fma_chain_reference(x, iters, mul, add): the float64 result of an FMA chain (chapter 3)
+float64_promotion = load_chapter_module("03_python_for_kernels", "float64_promotion")
 
 WARP = 32
 A_MUL, A_ADD = np.float32(0.999), np.float32(0.001)
@@ -33,15 +32,12 @@ def reference(x, group, iters):
     path_a = (np.arange(x.size) // group) % 2 == 0
     mul = np.where(path_a, np.float64(A_MUL), np.float64(B_MUL))
     add = np.where(path_a, np.float64(A_ADD), np.float64(B_ADD))
-    # v -> mul*v + add applied ITERS times, in closed form (a geometric series):
-    # one pass over the array instead of ITERS.
-    mn = mul**iters
-    return x.astype(np.float64) * mn + add * (1 - mn) / (1 - mul)
+    return float64_promotion.fma_chain_reference(x, iters, mul, add)
 
 
 # Both paths do ITERS FMAs; a warp whose threads disagree runs both, one after the other.
 @cuda.jit
-def branch_by_group(x, out, group, iters):
+def branch_by_group(x, group, iters, out):
     i = cuda.grid(1)
     if i < x.size:
         v = x[i]
@@ -55,23 +51,19 @@ def branch_by_group(x, out, group, iters):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for divergence.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "05_first_kernels").parse_args(argv)
     n = pick(gpu=1 << 22, simulator=96)
     iters = pick(gpu=1024, simulator=4)
     threads = 256
-    rng = np.random.default_rng(0)
-    x_host = rng.uniform(0.5, 1.5, n).astype(np.float32)
+    x_host = random_array(n, rng=np.random.default_rng(0), low=0.5, high=1.5)
     x = cuda.to_device(x_host)
     peaks = device_peaks()
     results = []
-    for group in (1, 2, 8, 16, 32, 64):
+    for group in (1, 2, 8, 16, 32, 64):  # one run_versions a group: each has its reference
         where = "diverged" if group < WARP else "warp-uniform"
         results += run_versions(
-            {f"group {group:>2} ({where})":
-                lambda out, g=group: branch_by_group[ceil_div(n, threads), threads](x, out, g, iters)},
-            reference(x_host, group, iters), n, np.float32, tol=1e-5,
+            {f"group {group:>2} ({where})": branch_by_group[ceil_div(n, threads), threads]},
+            (x, group, iters), reference(x_host, group, iters), n, np.float32, tol=1e-5,
             flops=2 * iters * n, peaks=peaks, print_table=False)
     print(format_table(results, title=f"branch divergence: n = {n:,}, {iters} FMAs an element"))
     print("every version checked against a float64 reference (rel. error <= 1e-5)")
@@ -81,11 +73,9 @@ def main(argv=None):
             print(f"  {r.name:<26} {r.median_ms / uniform.median_ms:5.2f}x the warp-uniform time")
     else:
         print(readme_figures(__file__).format())
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "divergence.json", device=peaks["device"], n=n, iters=iters)
-    print(f"wrote {out_dir / 'divergence.json'}")
+    save_results(results, args.out, "divergence", n=n, iters=iters)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

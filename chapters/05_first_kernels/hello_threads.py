@@ -10,6 +10,7 @@ Run: python chapters/05_first_kernels/hello_threads.py
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div
 from common.checking import check, poisoned
+from common.harness import run_script
 
 import argparse
 import sys
@@ -45,9 +46,7 @@ def global_index_2d(rows_out, cols_out):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="unused; for symmetry")
-    parser.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # --help
 
     print("hello_threads[2, 4]: 2 blocks of 4 threads (lines may come in any order)")
     hello_threads[2, 4]()
@@ -74,4 +73,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

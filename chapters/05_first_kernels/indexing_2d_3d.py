@@ -9,12 +9,10 @@ Run: python chapters/05_first_kernels/indexing_2d_3d.py [--out runs/05_first_ker
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
-from common.harness import run_versions
-from common.timing import device_peaks, format_table, readme_figures, write_json
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.timing import device_peaks, format_table, readme_figures
 
-import argparse
-import sys
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 from numba import cuda
@@ -78,21 +76,34 @@ def grid_2d(rows, cols, block):
     return (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
 
 
+def rgb_to_gray(img, weights, gray, block=(32, 8)):
+    """Launch version 1: img (H, W, 3), weights (3,) -> gray (H, W), float32 device arrays."""
+    rgb_to_gray_2d[grid_2d(gray.shape[0], gray.shape[1], block), block](img, weights, gray)
+
+
+def matmul(a, b, c, block=(16, 16)):
+    """Launch version 2: c (M, N) = a (M, K) @ b (K, N), float32 device arrays."""
+    matmul_naive[grid_2d(c.shape[0], c.shape[1], block), block](a, b, c)
+
+
+def batched_matmul(a, b, c, block=(16, 16, 1)):
+    """Launch version 3: c[z] = a[z] @ b[z] for a (B, M, K), b (B, K, N), c (B, M, N)."""
+    batch, m, n = c.shape
+    grid = (ceil_div(n, block[0]), ceil_div(m, block[1]), ceil_div(batch, block[2]))
+    batched_matmul_naive[grid, block](a, b, c)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for indexing_2d_3d.json")
-    args = parser.parse_args(argv)
+    args = script_parser(__doc__, "05_first_kernels").parse_args(argv)
     rng = np.random.default_rng(0)
     peaks = device_peaks()
     results = []
 
     h, w = pick(gpu=(4096, 4096), simulator=(12, 20))
     img_host = make_image(h, w, rng)
-    img, weights = cuda.to_device(img_host), cuda.to_device(GRAY_WEIGHTS)
-    block = (32, 8)
     results += run_versions(
-        {f"1 rgb_to_gray_2d, block {block}":
-            lambda out: rgb_to_gray_2d[grid_2d(h, w, block), block](img, weights, out)},
+        {"1 rgb_to_gray_2d, block (32, 8)": rgb_to_gray},
+        (cuda.to_device(img_host), cuda.to_device(GRAY_WEIGHTS)),
         rgb_to_gray_reference(img_host), (h, w), np.float32, tol=1e-6,
         nbytes=16 * h * w, peaks=peaks, print_table=False)
     sizes = [f"RGB -> gray {h}x{w} image"]
@@ -100,24 +111,19 @@ def main(argv=None):
     m, k, n = pick(gpu=(2048, 2048, 2048), simulator=(17, 9, 13))
     a_host = rng.standard_normal((m, k)).astype(np.float32)
     b_host = rng.standard_normal((k, n)).astype(np.float32)
-    a, b = cuda.to_device(a_host), cuda.to_device(b_host)
-    versions = {}
-    for block in ((16, 16), (32, 8)):
-        versions[f"2 matmul_naive, block {block}"] = (
-            lambda out, bl=block: matmul_naive[grid_2d(m, n, bl), bl](a, b, out))
     results += run_versions(
-        versions, a_host.astype(np.float64) @ b_host, (m, n), np.float32, tol=1e-5,
-        flops=2 * m * n * k, peaks=peaks, print_table=False)
+        {f"2 matmul_naive, block {block}": partial(matmul, block=block)
+         for block in ((16, 16), (32, 8))},
+        (cuda.to_device(a_host), cuda.to_device(b_host)), a_host.astype(np.float64) @ b_host,
+        (m, n), np.float32, tol=1e-5, flops=2 * m * n * k, peaks=peaks, print_table=False)
     sizes.append(f"matmul {m}x{k} @ {k}x{n}")
 
     batch, m, k, n = pick(gpu=(32, 512, 512, 512), simulator=(3, 7, 5, 9))
     a_host = rng.standard_normal((batch, m, k)).astype(np.float32)
     b_host = rng.standard_normal((batch, k, n)).astype(np.float32)
-    a, b = cuda.to_device(a_host), cuda.to_device(b_host)
-    block = (16, 16, 1)
-    grid = (ceil_div(n, block[0]), ceil_div(m, block[1]), ceil_div(batch, block[2]))
     results += run_versions(
-        {f"3 batched_matmul_naive, grid {grid}": lambda out: batched_matmul_naive[grid, block](a, b, out)},
+        {"3 batched_matmul_naive, block (16, 16, 1)": batched_matmul},
+        (cuda.to_device(a_host), cuda.to_device(b_host)),
         np.matmul(a_host.astype(np.float64), b_host), (batch, m, n), np.float32, tol=1e-5,
         flops=2 * batch * m * n * k, peaks=peaks, print_table=False)
     sizes.append(f"batched matmul {batch} x ({m}x{k} @ {k}x{n})")
@@ -125,11 +131,9 @@ def main(argv=None):
     print("every version checked against a float64 NumPy reference (rel. error <= 1e-5)")
     if not results[0].measured:
         print(readme_figures(__file__).format())
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "indexing_2d_3d.json", device=peaks["device"])
-    print(f"wrote {out_dir / 'indexing_2d_3d.json'}")
+    save_results(results, args.out, "indexing_2d_3d")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

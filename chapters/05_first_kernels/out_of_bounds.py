@@ -14,6 +14,7 @@ Run: python chapters/05_first_kernels/out_of_bounds.py
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator
 from common.checking import CheckError, check, guarded, poison_value
+from common.harness import run_script
 from common.timing import readme_figures
 
 import argparse
@@ -69,9 +70,7 @@ def launch_without_bounds_check(n=1000, threads_per_block=128):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="unused; for symmetry")
-    parser.parse_args(argv)
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # --help
     n, threads = 1000, 128
     print(f"fill_index_unchecked, n = {n}, {ceil_div(n, threads)} blocks of {threads} "
           f"= {ceil_div(n, threads) * threads} threads ({'simulator' if is_simulator() else 'GPU'}):")
@@ -93,4 +92,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -14,14 +14,11 @@ Run: python chapters/05_first_kernels/vector_add.py [--out runs/05_first_kernels
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator, pick
 from common.checking import check, require_device_array
-from common.harness import run_versions
-from common.timing import device_peaks, readme_figures, write_json
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.runtime import sm_count
+from common.timing import cpu_ms, device_peaks, readme_figures
 
-import argparse
-import statistics
-import sys
-import time
-from pathlib import Path
+from functools import partial
 
 import numpy as np
 from numba import cuda
@@ -58,43 +55,39 @@ def vector_add_grid_stride(a, b, out):
 # ---------------------------------------------------------------- launchers
 
 
-def _check_inputs(a, b, out):
-    for name, arr in (("a", a), ("b", b), ("out", out)):
-        require_device_array(arr, name, ndim=1, dtype=np.float32)
+def add_naive(a, b, out, threads_per_block=256):
+    """Launch version 2: ceil_div(n, threads_per_block) blocks of threads_per_block.
+
+    Args:
+        a, b, out: float32 device arrays (n,).
+
+    Raises:
+        TypeError / ValueError: host arrays, wrong dtype or rank (from
+            require_device_array), or shapes that differ.
+    """
+    a = require_device_array(a, "a", ndim=1, dtype=np.float32)
+    b = require_device_array(b, "b", ndim=1, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.float32)
     if not a.shape == b.shape == out.shape:
         raise ValueError(f"a, b, out must have one shape, got {a.shape}, {b.shape}, {out.shape}")
-
-
-def add_naive(a, b, out, threads_per_block=256):
-    """Launch version 2: ceil_div(n, threads_per_block) blocks. Arrays: float32 (n,) on device."""
-    _check_inputs(a, b, out)
     vector_add_naive[ceil_div(out.size, threads_per_block), threads_per_block](a, b, out)
 
 
 def add_grid_stride(a, b, out, blocks, threads_per_block=256):
-    """Launch version 3 with a fixed grid of ``blocks`` blocks."""
-    _check_inputs(a, b, out)
+    """Launch version 3 with a fixed grid of ``blocks`` blocks; arrays and errors as
+    :func:`add_naive`."""
+    a = require_device_array(a, "a", ndim=1, dtype=np.float32)
+    b = require_device_array(b, "b", ndim=1, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.float32)
+    if not a.shape == b.shape == out.shape:
+        raise ValueError(f"a, b, out must have one shape, got {a.shape}, {b.shape}, {out.shape}")
     vector_add_grid_stride[blocks, threads_per_block](a, b, out)
 
 
-def sm_count():
-    """Streaming multiprocessors on this GPU (a stand-in of 2 in the simulator)."""
-    return 2 if is_simulator() else cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
-def _cpu_ms(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/05_first_kernels", help="folder for vector_add.json")
-    parser.add_argument("--n", type=int, default=pick(gpu=1 << 26, simulator=1000))
+    parser = script_parser(__doc__, "05_first_kernels")
+    parser.add_argument("--n", type=int, default=pick(gpu=1 << 26, simulator=1000),
+                        help="elements a vector")
     args = parser.parse_args(argv)
     n = args.n
     rng = np.random.default_rng(0)
@@ -106,10 +99,10 @@ def main(argv=None):
     # CPU versions: the Python loop runs on a slice (it would take minutes on all of n).
     m = min(n, 200_000)
     out_py = np.empty(m, np.float32)
-    py_ms = _cpu_ms(lambda: vector_add_python(a_host[:m], b_host[:m], out_py), 1) * n / m
+    py_ms = cpu_ms(partial(vector_add_python, a_host[:m], b_host[:m], out_py), repeats=1) * n / m
     check(out_py, reference[:m], tol=1e-6, name="python loop")
     out_np = np.empty(n, np.float32)
-    np_ms = _cpu_ms(lambda: np.add(a_host, b_host, out=out_np), 5)
+    np_ms = cpu_ms(partial(np.add, a_host, b_host, out=out_np), repeats=5)
     check(out_np, reference, tol=1e-6, name="numpy")
     moved = f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes:,} bytes"
     print(f"vector add, n = {n:,} float32 ({moved} moved per call); every version is checked "
@@ -117,28 +110,23 @@ def main(argv=None):
     print(f"  CPU python loop : {py_ms:10.2f} ms (timed on {m:,} elements, scaled)")
     print(f"  CPU numpy       : {np_ms:10.3f} ms  {nbytes / np_ms / 1e6:8.1f} GB/s")
 
-    a, b = cuda.to_device(a_host), cuda.to_device(b_host)
     peaks = device_peaks()
     blocks = 8 * sm_count()  # enough resident blocks to keep every SM's memory pipe busy
-    versions = {}
-    for threads in (128, 256, 1024):
-        versions[f"2 naive, block {threads}"] = (
-            lambda out, t=threads: add_naive(a, b, out, threads_per_block=t))
-    versions[f"3 grid-stride, {blocks}x256"] = lambda out: add_grid_stride(a, b, out, blocks)
+    versions = {f"2 naive, block {threads}": partial(add_naive, threads_per_block=threads)
+                for threads in (128, 256, 1024)}
+    versions[f"3 grid-stride, {blocks}x256"] = partial(add_grid_stride, blocks=blocks)
     title = "vector add, kernels" + ("" if is_simulator() else f" on {peaks['device']}")
-    results = run_versions(versions, reference, n, np.float32, tol=1e-6, nbytes=nbytes,
+    results = run_versions(versions, (cuda.to_device(a_host), cuda.to_device(b_host)),
+                           reference, n, np.float32, tol=1e-6, nbytes=nbytes,
                            title=title, peaks=peaks)
     if results[0].measured:
         print(f"%copy: share of the device's copy bandwidth, {peaks['copy_gbps']:,.0f} GB/s "
               "(vector add's speed of light)")
     else:
         print(readme_figures(__file__).format())
-    out_dir = Path(args.out)
-    write_json(results, out_dir / "vector_add.json", device=peaks["device"], n=n,
-               copy_gbps=peaks["copy_gbps"], cpu_python_ms=py_ms, cpu_numpy_ms=np_ms)
-    print(f"wrote {out_dir / 'vector_add.json'}")
+    save_results(results, args.out, "vector_add", n=n, cpu_python_ms=py_ms, cpu_numpy_ms=np_ms)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -3,22 +3,19 @@
 Runs the ``run()`` of each pattern script (shared_memory, transpose, reduction,
 histogram, scan, stencil, softmax, fusion) at its GPU size (256 MiB or more),
 then prints one table of GB/s and fraction of the device's copy bandwidth
-(``common.timing.device_peaks()["copy_gbps"]``, bytes read + written), checks
-the performance bar (the best version of transpose, reduction, histogram on
-uniform data, softmax and fusion at >= 80% of copy bandwidth), and writes
-``benchmark.json`` and ``benchmark.png`` into ``--out``.
+(``common.timing.device_peaks()["copy_gbps"]``, bytes read + written), reports
+whether the best version of transpose, reduction, histogram on uniform data,
+softmax and fusion reaches 80% of copy bandwidth, and writes ``benchmark.json``
+and ``benchmark.png`` into ``--out``.
 
 Run: python chapters/06_memory/benchmark.py [--out DIR] [--only transpose,softmax] [--smoke]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.timing import Timing, device_peaks, format_table, write_json
+from common.harness import run_script, save_results, script_parser
+from common.timing import Timing, device_peaks, format_table
 
-import argparse
-import sys
 from pathlib import Path
-
-launch = common.import_sibling(__file__, "launch")
 
 PATTERNS = ["shared_memory", "transpose", "reduction", "histogram", "scan", "stencil",
             "softmax", "fusion"]
@@ -90,9 +87,8 @@ def plot(results: list[Timing], path: Path, device: str) -> None:
     print(f"wrote {path}")
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=launch.DEFAULT_OUT)
+def main(argv=None) -> None:
+    parser = script_parser(__doc__, "06_memory")
     parser.add_argument("--only", default=",".join(PATTERNS),
                         help=f"comma-separated subset of {','.join(PATTERNS)}")
     parser.add_argument("--smoke", action="store_true",
@@ -121,12 +117,9 @@ def main(argv=None) -> int:
         verdict = {True: "meets", False: "BELOW", None: "not measured"}[row["meets_bar"]]
         shown = "-" if frac is None else f"{100 * frac:.1f}%"
         print(f"  {row['pattern']:<10} {shown:>7}  {verdict:<12} {row['best_version']}")
-    write_json(results, args.out / "benchmark.json", device=peaks["device"],
-               copy_gbps=peaks["copy_gbps"], runtime=common.runtime_name(), bar=bar)
-    print(f"wrote {args.out / 'benchmark.json'}")
+    save_results(results, args.out, "benchmark", bar=bar)
     plot(results, args.out / "benchmark.png", peaks["device"])
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

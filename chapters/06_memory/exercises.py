@@ -16,6 +16,7 @@ All inputs and outputs are Numba device arrays (``cuda.to_device``).
 
 # ruff: noqa: F841, B007  (stubs leave variables for the learner to use)
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import require_device_array
 from common.runtime import ceil_div
 
 import math  # noqa: F401  (6.10 needs math.exp)
@@ -36,11 +37,6 @@ ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
 ONE_I32 = np.int32(1)
 NEG_INF = np.float32(-np.inf)
-
-
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 # ---------------------------------------------------------------- 6.1 shift left
@@ -65,7 +61,9 @@ def shift_left(x, out):
     Raises ValueError if out does not have n - 1 elements.
     """
     raise NotImplementedError("Exercise 6.1: shift left through shared memory")
-    _require(out.size == x.size - 1, "out must have x.size - 1 elements")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.size != x.size - 1:
+        raise ValueError(f"out must have x.size - 1 = {x.size - 1} elements, got {out.size}")
     shift_left_kernel[ceil_div(x.size, BLOCK), BLOCK](x, out)
 
 
@@ -93,7 +91,9 @@ def block_sums(x, out):
     (Harris 2007, "Optimizing Parallel Reduction in CUDA", kernel 3).
     """
     raise NotImplementedError("Exercise 6.2: block-wide sum")
-    _require(out.size == ceil_div(x.size, BLOCK), "out must have ceil(n / BLOCK) elements")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.size != ceil_div(x.size, BLOCK):
+        raise ValueError(f"out must have ceil(n / BLOCK) = {ceil_div(x.size, BLOCK)} elements")
     block_sums_kernel[out.size, BLOCK](x, out)
 
 
@@ -124,8 +124,10 @@ def dot(a, b, out, blocks=4):
     whatever n is (a grid-stride loop covers the rest). One atomic add per block.
     """
     raise NotImplementedError("Exercise 6.3: dot product, one atomic per block")
-    _require(a.shape == b.shape and a.ndim == 1, "a and b must be 1-D of one length")
-    _require(out.shape == (1,), "out must have shape (1,)")
+    a = require_device_array(a, "a", ndim=1, dtype=np.float32)
+    b = require_device_array(b, "b", ndim=1, dtype=np.float32)
+    if a.shape != b.shape or out.shape != (1,):
+        raise ValueError(f"need a (n,), b (n,), out (1,); got {a.shape}, {b.shape}, {out.shape}")
     out.copy_to_device(np.zeros(1, np.float32))
     dot_kernel[blocks, BLOCK](a, b, out)
 
@@ -160,7 +162,9 @@ def argmax(x):
     ceil(n / BLOCK) block results.
     """
     raise NotImplementedError("Exercise 6.4: max with index")
-    _require(x.ndim == 1 and x.size > 0, "x must be a non-empty 1-D float32 array")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if x.size == 0:
+        raise ValueError("x is empty: it has no maximum")
     blocks = ceil_div(x.size, BLOCK)
     vals = cuda.device_array(blocks, np.float32)
     idxs = cuda.device_array(blocks, np.int32)
@@ -195,8 +199,9 @@ def transpose_tiled(a, out):
     thread moves TILE / ROWS elements. Both global reads and writes coalesced.
     """
     raise NotImplementedError("Exercise 6.5: tiled transpose")
-    _require(a.ndim == 2 and tuple(out.shape) == tuple(a.shape[::-1]),
-             "out must have shape (cols, rows)")
+    a = require_device_array(a, "a", ndim=2, dtype=np.float32)
+    if tuple(out.shape) != a.shape[::-1]:
+        raise ValueError(f"out must have shape (cols, rows) = {a.shape[::-1]}, got {out.shape}")
     grid = (ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE))
     transpose_kernel[grid, (TILE, ROWS)](a, out)
 
@@ -217,7 +222,9 @@ def histogram_global(x, bins, blocks=2):
     Launch: ``blocks`` blocks of BLOCK threads and a grid-stride loop.
     """
     raise NotImplementedError("Exercise 6.6: histogram with global atomics")
-    _require(bins.shape == (NBINS,) and bins.dtype == np.int32, f"bins must be int32 ({NBINS},)")
+    bins = require_device_array(bins, "bins", ndim=1, dtype=np.int32)
+    if bins.size != NBINS:
+        raise ValueError(f"bins must have shape ({NBINS},), got {bins.shape}")
     bins.copy_to_device(np.zeros(NBINS, np.int32))
     histogram_global_kernel[blocks, BLOCK](x, bins)
 
@@ -243,7 +250,9 @@ def histogram_privatised(x, bins, blocks=2):
     Source: Kirk & Hwu, "Programming Massively Parallel Processors", ch. 9.
     """
     raise NotImplementedError("Exercise 6.7: privatised histogram")
-    _require(bins.shape == (NBINS,) and bins.dtype == np.int32, f"bins must be int32 ({NBINS},)")
+    bins = require_device_array(bins, "bins", ndim=1, dtype=np.int32)
+    if bins.size != NBINS:
+        raise ValueError(f"bins must have shape ({NBINS},), got {bins.shape}")
     bins.copy_to_device(np.zeros(NBINS, np.int32))
     histogram_private_kernel[blocks, BLOCK](x, bins)
 
@@ -281,8 +290,10 @@ def scan_inclusive(x, out):
     block totals recursively and adds them back (scan-then-propagate).
     """
     raise NotImplementedError("Exercise 6.8: block scan")
-    _require(x.ndim == 1 and out.shape == x.shape and x.dtype == np.int32 == out.dtype,
-             "x and out must be 1-D int32 of one length")
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
     blocks = ceil_div(x.size, BLOCK)
     sums = cuda.device_array(blocks, np.int32)
     block_scan_kernel[blocks, BLOCK](x, out, sums)
@@ -318,8 +329,10 @@ def stencil_1d(x, w, out):
     RADIUS cells on each side into shared memory once.
     """
     raise NotImplementedError("Exercise 6.9: 1-D stencil with halo")
-    _require(x.ndim == 1 and out.shape == x.shape, "x and out must be 1-D of one length")
-    _require(w.shape == (2 * RADIUS + 1,), f"w must have {2 * RADIUS + 1} taps")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
+        raise ValueError(f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got "
+                         f"{x.shape}, {out.shape}, {w.shape}")
     stencil_kernel[ceil_div(x.size, BLOCK), BLOCK](x, w, out)
 
 
@@ -350,5 +363,7 @@ def softmax_rows(x, out):
     x: float32 (rows, cols), out: the same shape. out[r] = exp(x[r] - max) / sum.
     """
     raise NotImplementedError("Exercise 6.10: row softmax")
-    _require(x.ndim == 2 and tuple(out.shape) == tuple(x.shape), "out must have x's shape")
+    x = require_device_array(x, "x", ndim=2, dtype=np.float32)
+    if out.shape != x.shape:
+        raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
     softmax_kernel[x.shape[0], BLOCK](x, out)

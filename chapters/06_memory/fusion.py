@@ -13,12 +13,11 @@ Run: python chapters/06_memory/fusion.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import random_array
-from common.harness import run_versions
+from common.checking import random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
 
 import math
-import sys
 
 import numpy as np
 from numba import cuda
@@ -91,17 +90,24 @@ def sigmoid_fma_fused_grid_stride(a, b, c, out):
         i += stride
 
 
-def _check_args(*arrays) -> None:
-    n = arrays[0].size
-    for arr in arrays:
-        if arr.dtype != np.float32 or arr.ndim != 1 or arr.size != n:
-            raise ValueError(
-                f"a, b, c, out must be 1-D float32 of one length {n}, got {arr.dtype} {arr.shape}")
+def _vectors(a, b, c, out):
+    """``a``, ``b``, ``c``, ``out`` as float32 device arrays of one shape (n,).
+
+    Raises:
+        TypeError: not float32 device arrays.
+        ValueError: not 1-D, or not of one length.
+    """
+    arrays = [require_device_array(v, name, ndim=1, dtype=np.float32)
+              for v, name in zip((a, b, c, out), ("a", "b", "c", "out"))]
+    if len({v.size for v in arrays}) != 1:
+        raise ValueError(f"a, b, c, out must have one length, got {[v.size for v in arrays]}")
+    return arrays
 
 
 def unfused(a, b, c, out) -> None:
-    """Version 1: three launches through two scratch arrays."""
-    _check_args(a, b, c, out)
+    """Version 1: three launches through two scratch arrays. ``a``, ``b``, ``c``
+    float32 (n,) -> ``out`` float32 (n,), every launcher here; errors: :func:`_vectors`."""
+    a, b, c, out = _vectors(a, b, c, out)
     n = out.size
     t1 = launch.scratch(n, np.float32, "fusion t1")
     t2 = launch.scratch(n, np.float32, "fusion t2")
@@ -113,13 +119,13 @@ def unfused(a, b, c, out) -> None:
 
 def fused(a, b, c, out) -> None:
     """Version 2: one launch, one thread an element."""
-    _check_args(a, b, c, out)
+    a, b, c, out = _vectors(a, b, c, out)
     sigmoid_fma_fused[ceil_div(out.size, BLOCK), BLOCK](a, b, c, out)
 
 
 def fused_grid_stride(a, b, c, out) -> None:
     """Version 3: one launch, a few waves of blocks, 4 elements a thread per step."""
-    _check_args(a, b, c, out)
+    a, b, c, out = _vectors(a, b, c, out)
     blocks = launch.grid_stride_blocks(out.size, BLOCK, per_thread=4, waves=4)
     sigmoid_fma_fused_grid_stride[blocks, BLOCK](a, b, c, out)
 
@@ -133,10 +139,11 @@ def run(n: int | None = None) -> list:
     a, b, c = (cuda.to_device(h) for h in hosts)
     results = run_versions(
         {
-            "fusion v1 unfused (3 kernels)": lambda out: unfused(a, b, c, out),
-            "fusion v2 fused": lambda out: fused(a, b, c, out),
-            "fusion v3 fused grid-stride": lambda out: fused_grid_stride(a, b, c, out),
+            "fusion v1 unfused (3 kernels)": unfused,
+            "fusion v2 fused": fused,
+            "fusion v3 fused grid-stride": fused_grid_stride,
         },
+        (a, b, c),
         reference=sigmoid_fma_cpu(*hosts), out_shape=n, tol=1e-6, nbytes=16 * n,
         title=f"sigmoid(a + b * c), n = {n} ({16 * n / 2**20:.0f} MiB minimum traffic)",
         warmup=2, repeats=10,
@@ -146,11 +153,10 @@ def run(n: int | None = None) -> list:
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "fusion")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "fusion")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

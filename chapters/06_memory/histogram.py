@@ -25,10 +25,10 @@ Run: python chapters/06_memory/histogram.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.harness import run_versions
+from common.checking import require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
-
-import sys
+from common.timing import format_table
 
 import numpy as np
 from numba import cuda, float32, int32
@@ -164,30 +164,38 @@ def fill_int(out, value):
         out[i] = value
 
 
-def _check_args(x, bins) -> None:
-    if x.dtype != np.float32 or x.ndim != 1:
-        raise ValueError(f"x must be a 1-D float32 array, got {x.dtype} {x.shape}")
-    if bins.shape != (NBINS,) or bins.dtype != np.int32:
-        raise ValueError(f"bins must be int32 of shape ({NBINS},), got {bins.dtype} {bins.shape}")
+def _values_and_bins(x, bins):
+    """``x`` float32 (n,) and ``bins`` int32 (NBINS,) as device arrays.
+
+    Raises:
+        TypeError: not device arrays, or the wrong dtypes.
+        ValueError: not 1-D, or ``bins`` not NBINS long.
+    """
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    bins = require_device_array(bins, "bins", ndim=1, dtype=np.int32)
+    if bins.size != NBINS:
+        raise ValueError(f"bins must have shape ({NBINS},), got {bins.shape}")
+    return x, bins
 
 
 def histogram_v1(x, bins) -> None:
-    """Version 1: ``x`` float32 (n,) in [0, 1) -> ``bins`` int32 (NBINS,)."""
-    _check_args(x, bins)
+    """Version 1: ``x`` float32 (n,) in [0, 1) -> ``bins`` int32 (NBINS,), every
+    launcher here; errors: :func:`_values_and_bins`."""
+    x, bins = _values_and_bins(x, bins)
     fill_int[1, NBINS](bins, 0)
     histogram_global_atomic[max(1, ceil_div(x.size, BLOCK)), BLOCK](x, bins)
 
 
 def histogram_v2(x, bins) -> None:
     """Version 2 (two launches: zero the bins, then count)."""
-    _check_args(x, bins)
+    x, bins = _values_and_bins(x, bins)
     fill_int[1, NBINS](bins, 0)
     histogram_smem_atomic[launch.grid_stride_blocks(x.size, BLOCK, per_thread=16), BLOCK](x, bins)
 
 
 def histogram_v3(x, bins) -> None:
     """Version 3 (one launch)."""
-    _check_args(x, bins)
+    x, bins = _values_and_bins(x, bins)
     blocks = launch.grid_stride_blocks(x.size, BLOCK, per_thread=16)
     partial = launch.scratch((blocks, NBINS), np.int32, "histogram")
     counter = launch.zeroed_counter("histogram")
@@ -196,7 +204,7 @@ def histogram_v3(x, bins) -> None:
 
 def histogram_v4(x, bins) -> None:
     """Version 4 (two launches: zero the bins, then count)."""
-    _check_args(x, bins)
+    x, bins = _values_and_bins(x, bins)
     fill_int[1, NBINS](bins, 0)
     blocks = launch.grid_stride_blocks(x.size, BLOCK, per_thread=4 * UNROLL)
     histogram_smem_wide[blocks, BLOCK](x, bins)
@@ -220,20 +228,18 @@ def run(n: int | None = None) -> list:
     for data_name, host in [("uniform", u), ("skewed", u**8)]:
         x = cuda.to_device(host)
         results += run_versions(
-            {f"histogram {name} ({data_name})": (lambda fn: lambda out: fn(x, out))(fn)
-             for name, fn in VERSIONS.items()},
+            {f"histogram {name} ({data_name})": fn for name, fn in VERSIONS.items()}, (x,),
             reference=histogram_cpu(host), out_shape=NBINS, out_dtype=np.int32,
             nbytes=4 * n, print_table=False, warmup=2, repeats=10,
         )
-    print(common.format_table(results, title=f"histogram of {n} float32 into {NBINS} bins"))
+    print(format_table(results, title=f"histogram of {n} float32 into {NBINS} bins"))
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "histogram")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "histogram")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

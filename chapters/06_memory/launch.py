@@ -1,38 +1,23 @@
-"""Launch sizing and result saving shared by the chapter 06 scripts.
+"""Launch sizing shared by the chapter 06 scripts.
 
-* :func:`sm_count` -- streaming multiprocessors on this device (2 in the simulator).
 * :func:`grid_stride_blocks` -- blocks for a grid-stride loop: a few full waves of
   the SMs, never more blocks than the data needs.
 * :func:`scratch` -- device buffers reused between calls, so timed launchers do
   not pay for ``cudaMalloc`` inside the measurement.
-* :func:`script_args`, :func:`save` -- the ``--out DIR`` option and the JSON every
-  script writes there.
+* :func:`zeroed_counter` -- the atomic ticket counter of the last-block kernels.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.runtime import ceil_div
-from common.timing import Timing, device_peaks, write_json
+from common.runtime import ceil_div, sm_count
 
-import argparse
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numba import cuda
 
-DEFAULT_OUT = Path("runs") / "06_memory"
-
 # A GPU SM holds at most 2048 resident threads (H100/H200, compute capability 9.0),
 # so 8 blocks of 256 threads fill it: one "wave" of the grid.
 BLOCKS_PER_SM_256 = 8
-
-
-def sm_count() -> int:
-    """Number of SMs of the current device; 2 in the simulator (keeps grids tiny)."""
-    if common.is_simulator():
-        return 2
-    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 def grid_stride_blocks(n: int, threads: int, per_thread: int = 4, waves: int = 1) -> int:
@@ -66,21 +51,3 @@ def zeroed_counter(tag: str) -> Any:
     if key not in _SCRATCH:
         _SCRATCH[key] = cuda.to_device(np.zeros(1, dtype=np.int32))
     return _SCRATCH[key]
-
-
-def script_args(description: str, argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse the options every chapter 06 script takes: ``--out DIR``."""
-    parser = argparse.ArgumentParser(description=description.strip().splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"folder for the JSON results (default {DEFAULT_OUT})")
-    return parser.parse_args(argv)
-
-
-def save(results: Sequence[Timing], out: Path, name: str, **meta: Any) -> Path:
-    """Write ``results`` to ``out/<name>.json`` with the device name; return the path."""
-    path = Path(out) / f"{name}.json"
-    peaks = device_peaks()
-    write_json(results, path, device=peaks.get("device"), copy_gbps=peaks.get("copy_gbps"),
-               runtime=common.runtime_name(), **meta)
-    print(f"wrote {path}")
-    return path

@@ -7,7 +7,9 @@ Versions (sum; BLOCK = 256 threads per block):
       addressing (t % (2 * stride) == 0): half the threads of every warp idle.
       Each block writes a partial sum; the launcher re-runs it on the partials.
   version 3 (reduce_sum_tree_sequential): sequential addressing (t < stride):
-      the active threads are contiguous, whole warps retire.
+      the active threads are contiguous, whole warps retire. This tree is the
+      device function block_reduce_sum (block_reduce_max for the max), which
+      every later version, and softmax.py, calls.
   version 4 (reduce_sum_first_add): each thread adds two elements while loading:
       half the blocks, no thread idle at the first step.
   version 5 (reduce_sum_grid_stride_atomic): a grid-stride loop with 4 independent
@@ -25,10 +27,12 @@ Run: python chapters/06_memory/reduction.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.harness import run_versions
+from common.checking import require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
+from common.timing import format_table
 
-import sys
+import functools
 
 import numpy as np
 from numba import cuda, float32, int32
@@ -72,59 +76,67 @@ def reduce_sum_tree_interleaved(x, partial):
         partial[cuda.blockIdx.x] = s[0]
 
 
-# version 3: sequential addressing: threads 0..stride-1 work, the other warps retire
-@cuda.jit
-def reduce_sum_tree_sequential(x, partial):
-    s = cuda.shared.array(BLOCK, float32)
+# version 3's tree, sequential addressing: threads 0..stride-1 work, the other warps
+# retire. A device function, so every later kernel (and softmax.py) reuses it.
+@cuda.jit(device=True)
+def block_reduce_sum(s, v):
+    """Sum of ``v`` over a block of ``s.size`` threads (a power of two), returned to
+    every thread, through the float32 shared array ``s`` (one slot a thread).
+    Every thread of the block must call it; it ends with a barrier, so ``s`` can
+    be reused at once."""
     t = cuda.threadIdx.x
-    i = cuda.grid(1)
-    s[t] = x[i] if i < x.size else ZERO
+    s[t] = v
     cuda.syncthreads()
-    stride = BLOCK // 2
+    stride = s.size // 2
     while stride > 0:
         if t < stride:
             s[t] += s[t + stride]
+        cuda.syncthreads()  # step k + 1 reads what step k wrote
+        stride //= 2
+    total = s[0]
+    cuda.syncthreads()  # everyone has read s[0] before anyone writes s again
+    return total
+
+
+@cuda.jit(device=True)
+def block_reduce_max(s, v):
+    """Max of ``v`` over a block of ``s.size`` threads: :func:`block_reduce_sum`'s
+    tree with ``max`` for ``+``; same contract."""
+    t = cuda.threadIdx.x
+    s[t] = v
+    cuda.syncthreads()
+    stride = s.size // 2
+    while stride > 0:
+        if t < stride:
+            s[t] = max(s[t], s[t + stride])
         cuda.syncthreads()
         stride //= 2
-    if t == 0:
-        partial[cuda.blockIdx.x] = s[0]
+    total = s[0]
+    cuda.syncthreads()
+    return total
+
+
+# version 3: version 2 with sequential addressing (block_reduce_sum): whole warps retire
+@cuda.jit
+def reduce_sum_tree_sequential(x, partial):
+    s = cuda.shared.array(BLOCK, float32)
+    i = cuda.grid(1)
+    total = block_reduce_sum(s, x[i] if i < x.size else ZERO)
+    if cuda.threadIdx.x == 0:
+        partial[cuda.blockIdx.x] = total
 
 
 # version 4: first add during load: a block covers 2 * BLOCK elements
 @cuda.jit
 def reduce_sum_first_add(x, partial):
     s = cuda.shared.array(BLOCK, float32)
-    t = cuda.threadIdx.x
-    i = cuda.blockIdx.x * (2 * BLOCK) + t
+    i = cuda.blockIdx.x * (2 * BLOCK) + cuda.threadIdx.x
     v = x[i] if i < x.size else ZERO
     if i + BLOCK < x.size:
         v += x[i + BLOCK]
-    s[t] = v
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    if t == 0:
-        partial[cuda.blockIdx.x] = s[0]
-
-
-@cuda.jit(device=True)
-def block_sum(s, v):
-    """Sum of ``v`` over the block (sequential-addressing tree in ``s``); valid in
-    thread 0 only. Every thread of the block must call it."""
-    t = cuda.threadIdx.x
-    s[t] = v
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    return s[0]
+    total = block_reduce_sum(s, v)
+    if cuda.threadIdx.x == 0:
+        partial[cuda.blockIdx.x] = total
 
 
 @cuda.jit(device=True)
@@ -155,7 +167,7 @@ def thread_sum(x):
 @cuda.jit
 def reduce_sum_grid_stride_atomic(x, out):
     s = cuda.shared.array(BLOCK, float32)
-    total = block_sum(s, thread_sum(x))
+    total = block_reduce_sum(s, thread_sum(x))
     if cuda.threadIdx.x == 0:
         cuda.atomic.add(out, 0, total)
 
@@ -167,7 +179,7 @@ def reduce_sum_two_pass_last_block(x, partial, counter, out):
     s = cuda.shared.array(BLOCK, float32)
     last = cuda.shared.array(1, int32)
     t = cuda.threadIdx.x
-    total = block_sum(s, thread_sum(x))
+    total = block_reduce_sum(s, thread_sum(x))
     if t == 0:
         partial[cuda.blockIdx.x] = total
         cuda.threadfence()  # the partial is visible to all blocks before the ticket
@@ -178,26 +190,10 @@ def reduce_sum_two_pass_last_block(x, partial, counter, out):
         acc = ZERO
         for j in range(t, cuda.gridDim.x, BLOCK):  # fixed order: deterministic
             acc += partial[j]
-        cuda.syncthreads()  # s still holds this block's tree: wait before reusing it
-        total = block_sum(s, acc)
+        total = block_reduce_sum(s, acc)  # s is free: the first tree ended with a barrier
         if t == 0:
             out[0] = total
             counter[0] = 0  # ready for the next launch
-
-
-@cuda.jit(device=True)
-def block_max(s, v):
-    """Max of ``v`` over the block; valid in thread 0 only."""
-    t = cuda.threadIdx.x
-    s[t] = v
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] = max(s[t], s[t + stride])
-        cuda.syncthreads()
-        stride //= 2
-    return s[0]
 
 
 # max: version 5's structure; the atomic is cuda.atomic.max
@@ -215,7 +211,7 @@ def reduce_max_grid_stride_atomic(x, out):
         i += 2 * stride
     if i < n:
         m0 = max(m0, x[i])
-    m = block_max(s, max(m0, m1))
+    m = block_reduce_max(s, max(m0, m1))
     if cuda.threadIdx.x == 0:
         cuda.atomic.max(out, 0, m)
 
@@ -227,25 +223,33 @@ def fill(out, value):
         out[i] = value
 
 
-def _check_args(x, out) -> None:
-    if x.dtype != np.float32 or x.ndim != 1:
-        raise ValueError(f"x must be a 1-D float32 array, got {x.dtype} {x.shape}")
+def _vector_and_scalar(x, out):
+    """``x`` float32 (n,), n >= 1, and ``out`` float32 (1,) as device arrays.
+
+    Raises:
+        TypeError: not device arrays, or not float32.
+        ValueError: not 1-D, ``x`` empty, or ``out`` not of one element.
+    """
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.float32)
     if x.size == 0:
         raise ValueError("the reduction of an empty array is undefined here")
-    if out.shape != (1,) or out.dtype != np.float32:
-        raise ValueError(f"out must be a float32 array of shape (1,), got {out.dtype} {out.shape}")
+    if out.size != 1:
+        raise ValueError(f"out must have shape (1,), got {out.shape}")
+    return x, out
 
 
 def reduce_atomic(x, out) -> None:
-    """Version 1 launcher: ``x`` float32 (n,) -> ``out`` float32 (1,)."""
-    _check_args(x, out)
+    """Version 1 launcher: ``x`` float32 (n,) -> ``out`` float32 (1,); the errors of
+    :func:`_vector_and_scalar` (every launcher here)."""
+    x, out = _vector_and_scalar(x, out)
     fill[1, 32](out, ZERO)
     reduce_sum_atomic[ceil_div(x.size, BLOCK), BLOCK](x, out)
 
 
 def reduce_multipass(kernel, x, out) -> None:
     """Versions 2-4: launch ``kernel`` on x, then on its partial sums, until one is left."""
-    _check_args(x, out)
+    x, out = _vector_and_scalar(x, out)
     per_block = 2 * BLOCK if kernel is reduce_sum_first_add else BLOCK
     cur = x
     level = 0
@@ -261,7 +265,7 @@ def reduce_multipass(kernel, x, out) -> None:
 
 def reduce_grid_stride_atomic(x, out) -> None:
     """Version 5 launcher (two launches: zero ``out``, then reduce)."""
-    _check_args(x, out)
+    x, out = _vector_and_scalar(x, out)
     fill[1, 32](out, ZERO)
     blocks = launch.grid_stride_blocks(x.size, BLOCK)
     reduce_sum_grid_stride_atomic[blocks, BLOCK](x, out)
@@ -269,7 +273,7 @@ def reduce_grid_stride_atomic(x, out) -> None:
 
 def reduce_two_pass(x, out) -> None:
     """Version 6 launcher: one launch, deterministic."""
-    _check_args(x, out)
+    x, out = _vector_and_scalar(x, out)
     blocks = launch.grid_stride_blocks(x.size, BLOCK)
     partial = launch.scratch(blocks, np.float32, "two-pass")
     counter = launch.zeroed_counter("reduce two-pass")
@@ -278,7 +282,7 @@ def reduce_two_pass(x, out) -> None:
 
 def reduce_max(x, out) -> None:
     """max(x) into ``out`` (1,) float32 (two launches: fill with -inf, reduce)."""
-    _check_args(x, out)
+    x, out = _vector_and_scalar(x, out)
     fill[1, 32](out, NEG_INF)
     blocks = launch.grid_stride_blocks(x.size, BLOCK, per_thread=2)
     reduce_max_grid_stride_atomic[blocks, BLOCK](x, out)
@@ -286,9 +290,9 @@ def reduce_max(x, out) -> None:
 
 SUM_VERSIONS = {
     "reduce v1 atomic per element": reduce_atomic,
-    "reduce v2 tree interleaved": lambda x, o: reduce_multipass(reduce_sum_tree_interleaved, x, o),
-    "reduce v3 tree sequential": lambda x, o: reduce_multipass(reduce_sum_tree_sequential, x, o),
-    "reduce v4 first add during load": lambda x, o: reduce_multipass(reduce_sum_first_add, x, o),
+    "reduce v2 tree interleaved": functools.partial(reduce_multipass, reduce_sum_tree_interleaved),
+    "reduce v3 tree sequential": functools.partial(reduce_multipass, reduce_sum_tree_sequential),
+    "reduce v4 first add during load": functools.partial(reduce_multipass, reduce_sum_first_add),
     "reduce v5 grid-stride, atomic/block": reduce_grid_stride_atomic,
     "reduce v6 two-pass, last block": reduce_two_pass,
 }
@@ -321,16 +325,15 @@ def run(n: int | None = None) -> list:
     x = cuda.to_device(x_host)
     title = f"reduction of {n} float32 ({4 * n / 2**20:.0f} MiB)"
     results = run_versions(
-        {name: (lambda fn: lambda out: fn(x, out))(fn) for name, fn in SUM_VERSIONS.items()},
-        reference=reduce_sum_cpu(x_host), out_shape=1, tol=0.0, nbytes=4 * n,
-        title=title, print_table=False, warmup=2, repeats=10,
+        SUM_VERSIONS, (x,), reference=reduce_sum_cpu(x_host), out_shape=1, tol=0.0,
+        nbytes=4 * n, print_table=False, warmup=2, repeats=10,
     )
     results += run_versions(
-        {"reduce max grid-stride, atomic/block": lambda out: reduce_max(x, out)},
+        {"reduce max grid-stride, atomic/block": reduce_max}, (x,),
         reference=np.array([9.0]), out_shape=1, tol=0.0, nbytes=4 * n,
         print_table=False, warmup=2, repeats=10,
     )
-    print(common.format_table(results, title=title))
+    print(format_table(results, title=title))
     demo = determinism_demo(pick(gpu=1 << 24, simulator=BLOCK + 5), runs=pick(gpu=5, simulator=2))
     print(f"distinct results over repeated runs on random floats: {demo}")
     for r in results:
@@ -340,11 +343,10 @@ def run(n: int | None = None) -> list:
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "reduction")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "reduction")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

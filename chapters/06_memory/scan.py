@@ -17,10 +17,11 @@ Run: python chapters/06_memory/scan.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.harness import run_versions
+from common.checking import require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
 
-import sys
+import functools
 
 import numpy as np
 from numba import cuda, int32
@@ -117,11 +118,13 @@ def scan(kernel, x, out, level: int = 0) -> None:
     (:func:`scan_hillis_steele` or :func:`scan_blelloch`), any n >= 1.
 
     Raises:
-        ValueError: not 1-D int32 arrays of one length.
+        TypeError: not int32 device arrays.
+        ValueError: not 1-D arrays of one length.
     """
-    if x.dtype != np.int32 or out.dtype != np.int32 or x.ndim != 1 or out.shape != x.shape:
-        raise ValueError(f"x and out must be 1-D int32 of one length, got {x.dtype} "
-                         f"{x.shape} and {out.dtype} {out.shape}")
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
     chunk = CHUNK if kernel is scan_blelloch else BLOCK
     blocks = ceil_div(x.size, chunk)
     sums = launch.scratch(blocks, np.int32, f"scan sums {level}")
@@ -140,19 +143,19 @@ def run(n: int | None = None) -> list:
     x = cuda.to_device(x_host)
     return run_versions(
         {
-            "scan v1 Hillis-Steele": lambda out: scan(scan_hillis_steele, x, out),
-            "scan v2 Blelloch": lambda out: scan(scan_blelloch, x, out),
+            "scan v1 Hillis-Steele": functools.partial(scan, scan_hillis_steele),
+            "scan v2 Blelloch": functools.partial(scan, scan_blelloch),
         },
+        (x,),
         reference=scan_cpu(x_host), out_shape=n, out_dtype=np.int32, nbytes=8 * n,
         title=f"inclusive scan of {n} int32", warmup=2, repeats=10,
     )
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "scan")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "scan")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

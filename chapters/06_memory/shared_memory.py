@@ -11,17 +11,15 @@ Run: python chapters/06_memory/shared_memory.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import poisoned, random_array
-from common.harness import run_versions
-from common.racecheck import RaceError, intentional_race
+from common import RaceError, intentional_race
+from common.checking import poisoned, random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, interleaved_threads, is_simulator, pick
 
-import sys
+import functools
 
 import numpy as np
 from numba import cuda, float32
-
-launch = common.import_sibling(__file__, "launch")
 
 BLOCK = 128  # threads per block; the shared tile holds one element per thread
 
@@ -75,8 +73,11 @@ def shift_left(kernel, x, out) -> None:
     """Launch a shift-left kernel: ``x`` float32 (n,), ``out`` float32 (n - 1,).
 
     Raises:
-        ValueError: ``out`` is not one shorter than ``x``.
+        TypeError: ``x`` or ``out`` not a float32 device array.
+        ValueError: not 1-D, or ``out`` is not one shorter than ``x``.
     """
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.float32)
     if out.size != x.size - 1:
         raise ValueError(f"out must have x.size - 1 = {x.size - 1} elements, got {out.size}")
     kernel[ceil_div(x.size, BLOCK), BLOCK](x, out)
@@ -84,7 +85,7 @@ def shift_left(kernel, x, out) -> None:
 
 def shared_memory_sizes() -> dict:
     """Shared memory per block and per SM in bytes (GPU), from the device attributes."""
-    if common.is_simulator():
+    if is_simulator():
         return {"per_block": 48 * 1024, "per_sm": None, "note": "simulator: course limit"}
     dev = cuda.get_current_device()
     return {
@@ -141,9 +142,10 @@ def run(n: int | None = None) -> list:
     x = cuda.to_device(x_host)
     results = run_versions(
         {
-            "shift-left global": lambda out: shift_left(shift_left_global, x, out),
-            "shift-left smem + syncthreads": lambda out: shift_left(shift_left_smem, x, out),
+            "shift-left global": functools.partial(shift_left, shift_left_global),
+            "shift-left smem + syncthreads": functools.partial(shift_left, shift_left_smem),
         },
+        (x,),
         reference=shift_left_cpu(x_host), out_shape=n - 1, tol=0.0,
         nbytes=2 * 4 * (n - 1), title=f"shift left by one, n = {n}",
     )
@@ -161,11 +163,10 @@ def run(n: int | None = None) -> list:
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "shared_memory")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "shared_memory")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

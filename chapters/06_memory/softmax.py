@@ -4,15 +4,16 @@ Versions:
   version 1 (softmax_naive): one thread a row, three passes (max, sum, write).
       Neighbouring threads read addresses a whole row apart: no coalescing.
   version 2 (softmax_block_row): one block a row; each pass is a coalesced
-      strided loop over the row plus a shared-memory tree (max, then sum).
+      strided loop over the row plus a shared-memory tree (reduction.py's
+      block_reduce_max, then block_reduce_sum).
       3 reads + 1 write of the row (the re-reads mostly hit L2).
   version 3 (softmax_block_row_online): one block a row; the first pass keeps a
       running max m and a sum s rescaled whenever m grows (online softmax), the
       block combines the (m, s) pairs in one tree: 2 reads + 1 write.
   version 4 (softmax_block_row_registers): one block of ROW_THREADS threads a row,
       the row held in registers (ROW_VALUES = 16 values a thread, all loaded before
-      any arithmetic), max and sum reduced on-chip in two barrier steps each:
-      1 read + 1 write, the minimum. Rows longer than ROW_THREADS * ROW_VALUES
+      any arithmetic), max and sum reduced on-chip in two barrier steps each
+      (block_reduce_two_step): 1 read + 1 write, the minimum. Rows longer than ROW_THREADS * ROW_VALUES
       = 4096 fall back to version 3.
 
 Source: M. Milakov and N. Gimelshein, "Online normalizer calculation for
@@ -22,17 +23,20 @@ Run: python chapters/06_memory/softmax.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import random_array
-from common.harness import run_versions
+from common.checking import random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
 
+import functools
 import math
-import sys
 
 import numpy as np
 from numba import cuda, float32
 
-launch = common.import_sibling(__file__, "launch")
+reduction = common.import_sibling(__file__, "reduction")
+# the shared-memory trees of reduction.py (version 3), for a block of BLOCK threads here
+block_reduce_max = reduction.block_reduce_max
+block_reduce_sum = reduction.block_reduce_sum
 
 BLOCK = 512  # threads per row; 4 rows in flight per SM keep re-read rows in L2
 NAIVE_BLOCK = 128
@@ -69,40 +73,6 @@ def softmax_naive(x, out):
     inv = ONE / s
     for j in range(cols):
         out[r, j] = math.exp(x[r, j] - m) * inv
-
-
-@cuda.jit(device=True)
-def block_reduce_max(s, v):
-    """Max of ``v`` over the block, returned to every thread."""
-    t = cuda.threadIdx.x
-    s[t] = v
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] = max(s[t], s[t + stride])
-        cuda.syncthreads()
-        stride //= 2
-    result = s[0]
-    cuda.syncthreads()  # everyone has read s[0] before s is reused
-    return result
-
-
-@cuda.jit(device=True)
-def block_reduce_sum(s, v):
-    """Sum of ``v`` over the block, returned to every thread."""
-    t = cuda.threadIdx.x
-    s[t] = v
-    cuda.syncthreads()
-    stride = BLOCK // 2
-    while stride > 0:
-        if t < stride:
-            s[t] += s[t + stride]
-        cuda.syncthreads()
-        stride //= 2
-    result = s[0]
-    cuda.syncthreads()
-    return result
 
 
 @cuda.jit(device=True)
@@ -188,10 +158,12 @@ def softmax_block_row_online(x, out):
 
 
 @cuda.jit(device=True)
-def block_all_reduce(s, v, is_max):
+def block_reduce_two_step(s, v, is_max):
     """Max (``is_max``) or sum of ``v`` over a ROW_THREADS block, to every thread, in
     two barrier steps: 32 threads each combine ROW_WARPS values, then every thread
-    combines those 32 (same address in a warp: a broadcast, no bank conflict)."""
+    combines those 32 (same address in a warp: a broadcast, no bank conflict).
+    Version 4's own tree: 2 barrier steps where reduction.py's binary tree
+    (block_reduce_max, block_reduce_sum) takes log2(ROW_THREADS) = 8."""
     t = cuda.threadIdx.x
     s[t] = v
     cuda.syncthreads()
@@ -223,12 +195,12 @@ def softmax_block_row_registers(x, out):
     m = v[0]
     for k in range(1, ROW_VALUES):
         m = max(m, v[k])
-    m = block_all_reduce(s, m, True)
+    m = block_reduce_two_step(s, m, True)
     acc = ZERO
     for k in range(ROW_VALUES):
         v[k] = math.exp(v[k] - m)  # exp(-inf) = 0 for the padding
         acc += v[k]
-    inv = ONE / block_all_reduce(s, acc, False)
+    inv = ONE / block_reduce_two_step(s, acc, False)
     for k in range(ROW_VALUES):
         j = t + k * ROW_THREADS
         if j < cols:
@@ -242,10 +214,11 @@ def softmax(kernel, x, out) -> None:
     columns; longer rows run ``softmax_block_row_online`` instead.
 
     Raises:
-        ValueError: not a 2-D float32 array, or ``out`` has another shape.
+        TypeError: ``x`` or ``out`` not a float32 device array.
+        ValueError: not 2-D, or ``out`` has another shape.
     """
-    if x.ndim != 2 or x.dtype != np.float32:
-        raise ValueError(f"x must be 2-D float32, got {x.dtype} {x.shape}")
+    x = require_device_array(x, "x", ndim=2, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=2, dtype=np.float32)
     if tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out must have shape {x.shape}, got {out.shape}")
     if kernel is softmax_block_row_registers and x.shape[1] > MAX_REGISTER_COLS:
@@ -271,18 +244,17 @@ def run(shape: tuple[int, int] | None = None) -> list:
         "softmax v4 block a row, row in registers": softmax_block_row_registers,
     }
     return run_versions(
-        {name: (lambda k: lambda out: softmax(k, x, out))(k) for name, k in versions.items()},
+        {name: functools.partial(softmax, kernel) for name, kernel in versions.items()}, (x,),
         reference=softmax_cpu(x_host), out_shape=(rows, cols), tol=1e-5,
         nbytes=2 * 4 * rows * cols, warmup=2, repeats=10,
         title=f"softmax {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)",
     )
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "softmax")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "softmax")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

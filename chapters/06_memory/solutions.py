@@ -4,6 +4,7 @@ Check yours with: python -m pytest tests/test_ch06_memory.py -q
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.checking import require_device_array
 from common.runtime import ceil_div
 
 import math
@@ -26,11 +27,6 @@ ONE_I32 = np.int32(1)
 NEG_INF = np.float32(-np.inf)
 
 
-def _require(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
-
-
 # ---------------------------------------------------------------- 6.1 shift left
 @cuda.jit
 def shift_left_kernel(x, out):
@@ -45,7 +41,9 @@ def shift_left_kernel(x, out):
 
 
 def shift_left(x, out):
-    _require(out.size == x.size - 1, "out must have x.size - 1 elements")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.size != x.size - 1:
+        raise ValueError(f"out must have x.size - 1 = {x.size - 1} elements, got {out.size}")
     shift_left_kernel[ceil_div(x.size, BLOCK), BLOCK](x, out)
 
 
@@ -68,7 +66,9 @@ def block_sums_kernel(x, out):
 
 
 def block_sums(x, out):
-    _require(out.size == ceil_div(x.size, BLOCK), "out must have ceil(n / BLOCK) elements")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.size != ceil_div(x.size, BLOCK):
+        raise ValueError(f"out must have ceil(n / BLOCK) = {ceil_div(x.size, BLOCK)} elements")
     block_sums_kernel[out.size, BLOCK](x, out)
 
 
@@ -95,8 +95,10 @@ def dot_kernel(a, b, out):
 
 
 def dot(a, b, out, blocks=4):
-    _require(a.shape == b.shape and a.ndim == 1, "a and b must be 1-D of one length")
-    _require(out.shape == (1,), "out must have shape (1,)")
+    a = require_device_array(a, "a", ndim=1, dtype=np.float32)
+    b = require_device_array(b, "b", ndim=1, dtype=np.float32)
+    if a.shape != b.shape or out.shape != (1,):
+        raise ValueError(f"need a (n,), b (n,), out (1,); got {a.shape}, {b.shape}, {out.shape}")
     out.copy_to_device(np.zeros(1, np.float32))
     dot_kernel[blocks, BLOCK](a, b, out)
 
@@ -126,7 +128,9 @@ def argmax_kernel(x, block_val, block_idx):
 
 
 def argmax(x):
-    _require(x.ndim == 1 and x.size > 0, "x must be a non-empty 1-D float32 array")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if x.size == 0:
+        raise ValueError("x is empty: it has no maximum")
     blocks = ceil_div(x.size, BLOCK)
     vals = cuda.device_array(blocks, np.float32)
     idxs = cuda.device_array(blocks, np.int32)
@@ -156,8 +160,9 @@ def transpose_kernel(a, out):
 
 
 def transpose_tiled(a, out):
-    _require(a.ndim == 2 and tuple(out.shape) == tuple(a.shape[::-1]),
-             "out must have shape (cols, rows)")
+    a = require_device_array(a, "a", ndim=2, dtype=np.float32)
+    if tuple(out.shape) != a.shape[::-1]:
+        raise ValueError(f"out must have shape (cols, rows) = {a.shape[::-1]}, got {out.shape}")
     grid = (ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE))
     transpose_kernel[grid, (TILE, ROWS)](a, out)
 
@@ -172,7 +177,9 @@ def histogram_global_kernel(x, bins):
 
 
 def histogram_global(x, bins, blocks=2):
-    _require(bins.shape == (NBINS,) and bins.dtype == np.int32, f"bins must be int32 ({NBINS},)")
+    bins = require_device_array(bins, "bins", ndim=1, dtype=np.int32)
+    if bins.size != NBINS:
+        raise ValueError(f"bins must have shape ({NBINS},), got {bins.shape}")
     bins.copy_to_device(np.zeros(NBINS, np.int32))
     histogram_global_kernel[blocks, BLOCK](x, bins)
 
@@ -195,7 +202,9 @@ def histogram_private_kernel(x, bins):
 
 
 def histogram_privatised(x, bins, blocks=2):
-    _require(bins.shape == (NBINS,) and bins.dtype == np.int32, f"bins must be int32 ({NBINS},)")
+    bins = require_device_array(bins, "bins", ndim=1, dtype=np.int32)
+    if bins.size != NBINS:
+        raise ValueError(f"bins must have shape ({NBINS},), got {bins.shape}")
     bins.copy_to_device(np.zeros(NBINS, np.int32))
     histogram_private_kernel[blocks, BLOCK](x, bins)
 
@@ -229,8 +238,10 @@ def add_offsets_kernel(out, scanned_sums):
 
 
 def scan_inclusive(x, out):
-    _require(x.ndim == 1 and out.shape == x.shape and x.dtype == np.int32 == out.dtype,
-             "x and out must be 1-D int32 of one length")
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
     blocks = ceil_div(x.size, BLOCK)
     sums = cuda.device_array(blocks, np.int32)
     block_scan_kernel[blocks, BLOCK](x, out, sums)
@@ -261,8 +272,10 @@ def stencil_kernel(x, w, out):
 
 
 def stencil_1d(x, w, out):
-    _require(x.ndim == 1 and out.shape == x.shape, "x and out must be 1-D of one length")
-    _require(w.shape == (2 * RADIUS + 1,), f"w must have {2 * RADIUS + 1} taps")
+    x = require_device_array(x, "x", ndim=1, dtype=np.float32)
+    if out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
+        raise ValueError(f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got "
+                         f"{x.shape}, {out.shape}, {w.shape}")
     stencil_kernel[ceil_div(x.size, BLOCK), BLOCK](x, w, out)
 
 
@@ -303,5 +316,7 @@ def softmax_kernel(x, out):
 
 
 def softmax_rows(x, out):
-    _require(x.ndim == 2 and tuple(out.shape) == tuple(x.shape), "out must have x's shape")
+    x = require_device_array(x, "x", ndim=2, dtype=np.float32)
+    if out.shape != x.shape:
+        raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
     softmax_kernel[x.shape[0], BLOCK](x, out)

@@ -17,16 +17,15 @@ Run: python chapters/06_memory/stencil.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import random_array
-from common.harness import run_versions
+from common.checking import random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
+from common.timing import format_table
 
-import sys
+import functools
 
 import numpy as np
 from numba import cuda, float32
-
-launch = common.import_sibling(__file__, "launch")
 
 BLOCK = 256   # 1-D: threads per block = outputs per block
 RADIUS = 3    # 1-D halo width
@@ -131,17 +130,31 @@ def conv2d_smem(img, w, out):
 
 
 def stencil_1d(kernel, x, w, out) -> None:
-    """``x`` float32 (n,), ``w`` float32 (2 RADIUS + 1,) -> ``out`` float32 (n,)."""
-    if x.ndim != 1 or out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
+    """``x`` float32 (n,), ``w`` float32 (2 RADIUS + 1,) -> ``out`` float32 (n,).
+
+    Raises:
+        TypeError: not float32 device arrays.
+        ValueError: the wrong shapes.
+    """
+    x, w, out = (require_device_array(a, name, ndim=1, dtype=np.float32)
+                 for a, name in zip((x, w, out), ("x", "w", "out")))
+    if out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
         raise ValueError(f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got "
                          f"{x.shape}, {out.shape}, {w.shape}")
     kernel[ceil_div(x.size, BLOCK), BLOCK](x, w, out)
 
 
 def conv2d(kernel, img, w, out) -> None:
-    """``img`` float32 (h, w), ``w`` float32 (2 R2 + 1, 2 R2 + 1) -> ``out`` (h, w)."""
+    """``img`` float32 (h, w), ``w`` float32 (2 R2 + 1, 2 R2 + 1) -> ``out`` (h, w).
+
+    Raises:
+        TypeError: not float32 device arrays.
+        ValueError: the wrong shapes.
+    """
+    img, w, out = (require_device_array(a, name, ndim=2, dtype=np.float32)
+                   for a, name in zip((img, w, out), ("img", "w", "out")))
     k = 2 * R2 + 1
-    if img.ndim != 2 or out.shape != img.shape or w.shape != (k, k):
+    if out.shape != img.shape or w.shape != (k, k):
         raise ValueError(f"need img (h, w), out (h, w), w ({k}, {k}); got "
                          f"{img.shape}, {out.shape}, {w.shape}")
     grid = (ceil_div(img.shape[1], TILE), ceil_div(img.shape[0], TILE))
@@ -161,29 +174,30 @@ def run(n: int | None = None, shape: tuple[int, int] | None = None) -> list:
     x, w1, img, w2 = (cuda.to_device(a) for a in (x_host, w1_host, img_host, w2_host))
     results = run_versions(
         {
-            "stencil 1d v1 naive": lambda out: stencil_1d(stencil_1d_naive, x, w1, out),
-            "stencil 1d v2 smem halo": lambda out: stencil_1d(stencil_1d_smem, x, w1, out),
+            "stencil 1d v1 naive": functools.partial(stencil_1d, stencil_1d_naive),
+            "stencil 1d v2 smem halo": functools.partial(stencil_1d, stencil_1d_smem),
         },
+        (x, w1),
         reference=stencil_1d_cpu(x_host, w1_host), out_shape=n, tol=1e-5, nbytes=8 * n,
         print_table=False, warmup=2, repeats=10,
     )
     results += run_versions(
         {
-            "conv2d 5x5 v1 naive": lambda out: conv2d(conv2d_naive, img, w2, out),
-            "conv2d 5x5 v2 smem halo": lambda out: conv2d(conv2d_smem, img, w2, out),
+            "conv2d 5x5 v1 naive": functools.partial(conv2d, conv2d_naive),
+            "conv2d 5x5 v2 smem halo": functools.partial(conv2d, conv2d_smem),
         },
+        (img, w2),
         reference=conv2d_cpu(img_host, w2_host), out_shape=(h, wd), tol=1e-5,
         nbytes=8 * h * wd, print_table=False, warmup=2, repeats=10,
     )
-    print(common.format_table(results, title=f"stencils: 1-D n = {n}, 2-D {h} x {wd}"))
+    print(format_table(results, title=f"stencils: 1-D n = {n}, 2-D {h} x {wd}"))
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "stencil")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "stencil")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -25,16 +25,15 @@ Run: python chapters/06_memory/transpose.py [--out DIR]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import random_array
-from common.harness import run_versions
+from common.checking import random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, pick
+from common.timing import format_table
 
-import sys
+import functools
 
 import numpy as np
 from numba import cuda, float32, uint64
-
-launch = common.import_sibling(__file__, "launch")
 
 TILE = 32  # tile edge: one warp spans a tile row, so a tile row is one 128-byte line
 ROWS = 8   # threads per block along y; each thread copies TILE // ROWS rows
@@ -172,10 +171,11 @@ def transpose(kernel, a, out) -> None:
     (or (rows, cols) for :func:`copy_2d`).
 
     Raises:
-        ValueError: ``a`` is not 2-D, or ``out`` has the wrong shape.
+        TypeError: ``a`` or ``out`` not a float32 device array.
+        ValueError: not 2-D, or ``out`` has the wrong shape.
     """
-    if a.ndim != 2:
-        raise ValueError(f"transpose needs a 2-D array, got shape {a.shape}")
+    a = require_device_array(a, "a", ndim=2, dtype=np.float32)
+    out = require_device_array(out, "out", ndim=2, dtype=np.float32)
     want = a.shape if kernel in (copy_2d, copy_2d_loads_first) else a.shape[::-1]
     if tuple(out.shape) != tuple(want):
         raise ValueError(f"out must have shape {want}, got {out.shape}")
@@ -193,31 +193,33 @@ def run(shape: tuple[int, int] | None = None) -> list:
     nbytes = 2 * 4 * rows * cols
     title = f"transpose {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)"
     results = run_versions(
-        {"transpose v0 copy (speed of light)": lambda out: transpose(copy_2d, a, out),
-         "transpose v0w copy, loads first, unsigned": lambda out: transpose(copy_2d_loads_first, a, out)},
+        {"transpose v0 copy (speed of light)": functools.partial(transpose, copy_2d),
+         "transpose v0w copy, loads first, unsigned":
+             functools.partial(transpose, copy_2d_loads_first)},
+        (a,),
         reference=a_host.astype(np.float64), out_shape=(rows, cols), tol=0.0,
         nbytes=nbytes, title=title, print_table=False,
     )
     results += run_versions(
         {
-            "transpose v1 naive": lambda out: transpose(transpose_naive, a, out),
-            "transpose v2 smem tile": lambda out: transpose(transpose_smem, a, out),
-            "transpose v3 smem tile 32x33": lambda out: transpose(transpose_smem_padded, a, out),
+            "transpose v1 naive": functools.partial(transpose, transpose_naive),
+            "transpose v2 smem tile": functools.partial(transpose, transpose_smem),
+            "transpose v3 smem tile 32x33": functools.partial(transpose, transpose_smem_padded),
             "transpose v4 smem tile 32x33, unsigned":
-                lambda out: transpose(transpose_smem_unsigned, a, out),
+                functools.partial(transpose, transpose_smem_unsigned),
         },
+        (a,),
         reference=transpose_cpu(a_host), out_shape=(cols, rows), tol=0.0,
         nbytes=nbytes, title=title, print_table=False,
     )
-    print(common.format_table(results, title=title))
+    print(format_table(results, title=title))
     return results
 
 
-def main(argv=None) -> int:
-    args = launch.script_args(__doc__, argv)
-    launch.save(run(), args.out, "transpose")
-    return 0
+def main(argv=None) -> None:
+    args = script_parser(__doc__, "06_memory").parse_args(argv)
+    save_results(run(), args.out, "transpose")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

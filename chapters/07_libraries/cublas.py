@@ -10,19 +10,18 @@ On the simulator (or CPU-only torch) the cuBLAS timings are skipped and said so;
 the zero-copy wrap, the transpose trick and the checks still run.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import argparse
-import sys
-from pathlib import Path
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import import_sibling, pick
+from common.checking import check, random_array, rel_error
+from common.harness import run_script, save_results, script_parser
+from common.runtime import is_simulator
+from common.timing import benchmark, device_peaks, format_table
+
+from functools import partial
 
 import numpy as np
 import torch
 from numba import cuda
-
-from common import import_sibling, pick
-from common.checking import CheckError, check, random_array, rel_error
-from common.timing import benchmark, device_peaks, format_table, write_json
-from common.runtime import is_simulator
 
 sol = import_sibling(__file__, "solutions")
 
@@ -44,10 +43,10 @@ def transpose_trick(a, b):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=pick(gpu=4096, simulator=16))
-    p.add_argument("--out", default="runs/07_libraries")
-    args = p.parse_args(argv)
+    parser = script_parser(__doc__, "07_libraries")
+    parser.add_argument("--n", type=int, default=pick(gpu=4096, simulator=16),
+                        help="matrix size n (n x n @ n x n)")
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     n = args.n
     a_h, b_h = random_array((n, n), np.float32, rng), random_array((n, n), np.float32, rng)
@@ -74,7 +73,7 @@ def main(argv=None):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.matmul(ta, tb, out=tc)
             err = rel_error(tc, ref)
-            t = benchmark(lambda: torch.matmul(ta, tb, out=tc),
+            t = benchmark(partial(torch.matmul, ta, tb, out=tc),
                           f"SGEMM {n} TF32 {'on' if tf32 else 'off'}", flops=flops, peaks=peaks)
             t.extra["rel_error"] = err
             meta[f"rel_error_tf32_{'on' if tf32 else 'off'}"] = err
@@ -82,25 +81,26 @@ def main(argv=None):
         torch.backends.cuda.matmul.allow_tf32 = False
         x = torch.randn(n, device="cuda")
         y = torch.empty(n, device="cuda")
-        results.append(benchmark(lambda: torch.mv(ta, x, out=y), f"GEMV {n}",
+        results.append(benchmark(partial(torch.mv, ta, x, out=y), f"GEMV {n}",
                                  nbytes=4 * (n * n + 2 * n), flops=2 * n * n, peaks=peaks))
         bs, s = 64, 256
         xa, xb = torch.randn(bs, s, s, device="cuda"), torch.randn(bs, s, s, device="cuda")
         xc = torch.empty(bs, s, s, device="cuda")
-        results.append(benchmark(lambda: torch.bmm(xa, xb, out=xc), f"batched GEMM {bs}x{s}^3",
+        results.append(benchmark(partial(torch.bmm, xa, xb, out=xc), f"batched GEMM {bs}x{s}^3",
                                  flops=2 * bs * s**3, peaks=peaks))
-        results.append(benchmark(lambda: [torch.mm(xa[i], xb[i], out=xc[i]) for i in range(bs)],
-                                 f"{bs} separate GEMMs {s}^3", flops=2 * bs * s**3, peaks=peaks))
+
+        def separate_gemms():
+            for i in range(bs):
+                torch.mm(xa[i], xb[i], out=xc[i])
+
+        results.append(benchmark(separate_gemms, f"{bs} separate GEMMs {s}^3",
+                                 flops=2 * bs * s**3, peaks=peaks))
         print(format_table(results, title="cuBLAS through torch"))
         print("TF32 relative error: off {rel_error_tf32_off:.2e}, on {rel_error_tf32_on:.2e}"
               .format(**meta))
-    write_json(results, Path(args.out) / "cublas.json", n=n, **meta)
-    return results
+    save_results(results, args.out, "cublas", n=n, **meta)
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CheckError as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

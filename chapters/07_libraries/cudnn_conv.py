@@ -10,20 +10,19 @@ Layout NCHW, "valid" convolution (no padding), stride 1, cross-correlation as in
 deep learning frameworks. cuDNN timings need a GPU and CUDA torch.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import argparse
-import sys
-from pathlib import Path
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, pick
+from common.checking import check, poisoned, random_array
+from common.harness import run_script, save_results, script_parser
+from common.runtime import is_simulator
+from common.timing import benchmark, format_table
+
+from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from numba import cuda, float32
-
-from common import ceil_div, pick
-from common.checking import CheckError, check, poisoned, random_array
-from common.runtime import is_simulator
-from common.timing import benchmark, format_table, write_json
 
 
 def conv2d_reference(x, w):
@@ -66,9 +65,7 @@ def conv2d_direct_launch(x, w, y, block=(16, 16)):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/07_libraries")
-    args = p.parse_args(argv)
+    args = script_parser(__doc__, "07_libraries").parse_args(argv)
     rng = np.random.default_rng(0)
     n, c, h, wd, k, r = pick(gpu=(32, 64, 56, 56, 64, 3), simulator=(1, 2, 9, 7, 2, 3))
     x_h = random_array((n, c, h, wd), np.float32, rng)
@@ -79,7 +76,7 @@ def main(argv=None):
     conv2d_direct_launch(x, w, y)
     check(y, ref, tol=1e-5, name="conv2d_direct")
     flops = 2 * ref.size * c * r * r
-    results = [benchmark(lambda: conv2d_direct_launch(x, w, y), "1 conv2d_direct (ours)",
+    results = [benchmark(partial(conv2d_direct_launch, x, w, y), "1 conv2d_direct (ours)",
                          flops=flops)]
     if is_simulator() or not torch.cuda.is_available():
         out = F.conv2d(torch.from_numpy(x_h), torch.from_numpy(w_h))
@@ -92,16 +89,12 @@ def main(argv=None):
             torch.backends.cudnn.benchmark = bench
             # 1e-4: cuDNN may pick FFT or Winograd algorithms, which round differently.
             check(F.conv2d(tx, tw), ref, tol=1e-4, name=f"cuDNN benchmark={bench}")
-            results.append(benchmark(lambda: F.conv2d(tx, tw),
+            results.append(benchmark(partial(F.conv2d, tx, tw),
                                      f"{2 + bench} F.conv2d cudnn.benchmark={bench}", flops=flops))
     print(format_table(results, title=f"conv2d NCHW x{(n, c, h, wd)} w{(k, c, r, r)}"))
-    write_json(results, Path(args.out) / "cudnn_conv.json")
-    return results
+    save_results(results, args.out, "cudnn_conv")
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CheckError as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

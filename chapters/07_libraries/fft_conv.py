@@ -10,19 +10,18 @@ The crossover (filter length where FFT beats direct) is measured on the GPU;
 in the simulator only the checks run.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import argparse
-import sys
-from pathlib import Path
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, import_sibling, pick
+from common.checking import check, random_array
+from common.harness import run_script, save_results, script_parser
+from common.runtime import is_simulator
+from common.timing import benchmark, format_table
+
+from functools import partial
 
 import numpy as np
 import torch
 from numba import cuda, float32
-
-from common import ceil_div, import_sibling, pick
-from common.checking import CheckError, check, random_array
-from common.runtime import is_simulator
-from common.timing import benchmark, format_table, write_json
 
 sol = import_sibling(__file__, "solutions")
 
@@ -51,9 +50,7 @@ def conv1d_direct_launch(x, h, y, block=256):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/07_libraries")
-    args = p.parse_args(argv)
+    args = script_parser(__doc__, "07_libraries").parse_args(argv)
     rng = np.random.default_rng(0)
 
     x = np.array([1.0, -1.0, 1.0, -1.0])
@@ -76,10 +73,8 @@ def main(argv=None):
         check(dy, ref, tol=1e-5, name=f"direct m={m}")
         tx, th = torch.from_numpy(xs).to(device), torch.from_numpy(hs).to(device)
         check(sol.fft_convolve_1d(tx, th), ref, tol=1e-4, name=f"fft m={m}")
-        td = benchmark(lambda dx=dx, dh=dh, dy=dy: conv1d_direct_launch(dx, dh, dy),
-                       f"direct kernel n={n} m={m}")
-        tf = benchmark(lambda tx=tx, th=th: sol.fft_convolve_1d(tx, th),
-                       f"torch.fft ({device}) n={n} m={m}")
+        td = benchmark(partial(conv1d_direct_launch, dx, dh, dy), f"direct kernel n={n} m={m}")
+        tf = benchmark(partial(sol.fft_convolve_1d, tx, th), f"torch.fft ({device}) n={n} m={m}")
         results += [td, tf]
         if td.measured:
             rows.append((m, td.median_ms, tf.median_ms))
@@ -89,14 +84,9 @@ def main(argv=None):
     wins = [m for m, d, f in rows if f < d]
     if rows:
         print(f"FFT is faster from filter length {wins[0] if wins else 'never (in this range)'}")
-    write_json(results, Path(args.out) / "fft_conv.json", n=n,
-               fft_wins_from=wins[0] if wins else None)
-    return results
+    save_results(results, args.out, "fft_conv", n=n, fft_wins_from=wins[0] if wins else None)
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CheckError as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

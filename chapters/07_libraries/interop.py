@@ -11,21 +11,18 @@ Run:   python chapters/07_libraries/interop.py [--out DIR]
 Needs a GPU and CUDA torch for pitfalls 2 and 3; elsewhere it says they were skipped.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import argparse
-import sys
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div
+from common.checking import CheckError, check
+from common.harness import run_script, save_results, script_parser
+from common.runtime import is_simulator
+from common.timing import Timing
+
 import time
-from pathlib import Path
+from functools import partial
 
 import torch
 from numba import cuda
-
-from common import ceil_div, import_sibling
-from common.checking import CheckError, check
-from common.runtime import is_simulator
-from common.timing import Timing, write_json
-
-sol = import_sibling(__file__, "solutions")
 
 
 # One thread an element: y[i] = 2 x[i]; the kernel whose launch cost we measure.
@@ -61,9 +58,7 @@ def per_launch_us(fn, calls=2000):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/07_libraries")
-    args = p.parse_args(argv)
+    args = script_parser(__doc__, "07_libraries").parse_args(argv)
     on_gpu = not is_simulator() and torch.cuda.is_available()
     t = torch.randn(64, requires_grad=True, device="cuda" if on_gpu else "cpu")
     try:
@@ -93,20 +88,16 @@ def main(argv=None):
         xt, yt = torch.randn(small, device="cuda"), torch.empty(small, device="cuda")
         xn, yn = cuda.as_cuda_array(xt), cuda.as_cuda_array(yt)
         grid = ceil_div(small, 256)
-        us_numba = per_launch_us(lambda: scale2[grid, 256](xn, yn))
-        us_torch = per_launch_us(lambda: scale2[grid, 256](xt, yt))
-        us_op = per_launch_us(lambda: torch.mul(xt, 2, out=yt))
+        us_numba = per_launch_us(partial(scale2[grid, 256], xn, yn))
+        us_torch = per_launch_us(partial(scale2[grid, 256], xt, yt))
+        us_op = per_launch_us(partial(torch.mul, xt, 2, out=yt))
         for name, us in (("launch, Numba device arrays", us_numba),
                          ("launch, torch tensors", us_torch), ("torch.mul (one torch op)", us_op)):
             print(f"pitfall 3: {name:<30} {us:6.1f} us per call")
             results.append(Timing(name=name, median_ms=us / 1e3, extra={"us_per_call": us}))
-    write_json(results, Path(args.out) / "interop.json")
-    return results
+    save_results(results, args.out, "interop")
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CheckError as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

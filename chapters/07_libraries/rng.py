@@ -5,36 +5,37 @@ version 1  numba.cuda.random: one xoroshiro128+ state per thread; state i starts
 version 2  the same seed and the same thread -> the same numbers, whatever the block size
 version 3  torch.Generator (Philox4x32-10 on CUDA, counter-based): seed + offset
 
-Run:   python chapters/07_libraries/rng.py [--n N] [--out DIR]
+Run:   python chapters/07_libraries/rng.py [--n N]
 Sources: Blackman & Vigna, "Scrambled linear pseudorandom number generators"
 (2018); Salmon et al., "Parallel random numbers: as easy as 1, 2, 3" (SC 2011).
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import import_sibling, pick
+from common.checking import CheckError, check
+from common.harness import run_script
+from common.runtime import is_simulator
+
 import argparse
-import sys
 
 import numpy as np
 import torch
-
-from common import import_sibling, pick
-from common.checking import CheckError, check
-from common.runtime import is_simulator
 
 sol = import_sibling(__file__, "solutions")
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=pick(gpu=1 << 18, simulator=200))
-    p.add_argument("--out", default="runs/07_libraries")
-    args = p.parse_args(argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=pick(gpu=1 << 18, simulator=200),
+                        help="numbers to draw")
+    args = parser.parse_args(argv)
     n = args.n
     first = sol.random_uniform(n, seed=42, block=128)
     again = sol.random_uniform(n, seed=42, block=32)
     other = sol.random_uniform(n, seed=43)
     check(again, first, tol=0, name="same seed, other block size")
-    assert not np.array_equal(first, other), "different seeds gave the same numbers"
+    if np.array_equal(first, other):
+        raise CheckError("seeds 42 and 43 gave the same numbers")
     print(f"xoroshiro128+: seed 42 reproduced exactly with another block size; "
           f"seed 43 differs; mean {first.mean():.4f} (expect 0.5), "
           f"min {first.min():.4f}, max {first.max():.4f}")
@@ -46,15 +47,12 @@ def main(argv=None):
     g.manual_seed(42)
     t1_again = torch.rand(n, device=device, generator=g)
     check(t1_again, t1, tol=0, name="torch same seed")
-    assert not torch.equal(t1, t2), "the generator's offset did not advance"
+    if torch.equal(t1, t2):
+        raise CheckError("two draws from one torch.Generator were equal: its offset did not advance")
     print(f"torch.Generator on {device}: re-seeding reproduces the numbers; a second draw "
           f"continues the stream (offset {g.get_offset() if device == 'cuda' else 'n/a (CPU generator)'})")
-    return first
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (CheckError, AssertionError) as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

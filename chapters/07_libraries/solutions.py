@@ -1,12 +1,12 @@
 """Chapter 07 solutions. Same functions as exercises.py, done; the tests check both."""
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, is_simulator
+
 import numpy as np
 import torch
 from numba import cuda
 from numba.cuda.random import create_xoroshiro128p_states, xoroshiro128p_uniform_float32
-
-from common import ceil_div, is_simulator
 
 
 def as_torch(x):

@@ -7,24 +7,21 @@ use sizes that are not multiples of the tile and check every element; a
 missing bounds check or a missing cuda.syncthreads() fails them.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import numpy as np
-from numba import cuda, float32
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, import_sibling
 
-from common import ceil_div
+from numba import cuda, float32
 
 _CACHE = {}
 
 
-def _operands(a, b, c):
-    for name, x in (("a", a), ("b", b), ("c", c)):
-        if len(x.shape) != 2 or np.dtype(x.dtype) != np.float32:
-            raise TypeError(f"{name} must be a 2-D float32 device array, got {x.shape} {x.dtype}")
-    if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}")
+# The chapter script's operand check: 2-D float32 row-major device arrays whose
+# shapes chain (a (M, K), b (K, N), c (M, N)); TypeError or ValueError otherwise.
+check_operands = import_sibling(__file__, "matmul").check_operands
 
 
 # ---------------------------------------------------------------- Exercise 8.1
+# (matmul.py's version 5, written by you)
 
 
 def make_tiled_kernel(TILE):
@@ -35,10 +32,10 @@ def make_tiled_kernel(TILE):
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
         row = cuda.blockIdx.y * TILE + ty
         col = cuda.blockIdx.x * TILE + tx
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         acc = float32(0.0)
-        for k0 in range(0, kk, TILE):
+        for k0 in range(0, k_total, TILE):
             # TODO: a_tile[ty, tx] = A[row, k0 + tx], or 0 outside A
             # TODO: b_tile[ty, tx] = B[k0 + ty, col], or 0 outside B
             # TODO: wait until the whole tile is loaded
@@ -61,7 +58,7 @@ def matmul_tiled(a, b, c, tile=16):
     and again before overwriting it. Raises TypeError/ValueError on bad operands.
     """
     raise NotImplementedError("Exercise 8.1: fill the TODOs in make_tiled_kernel")
-    _operands(a, b, c)
+    a, b, c = check_operands(a, b, c)
     key = ("tiled", tile)
     if key not in _CACHE:
         _CACHE[key] = make_tiled_kernel(tile)
@@ -70,6 +67,7 @@ def matmul_tiled(a, b, c, tile=16):
 
 
 # ---------------------------------------------------------------- Exercise 8.2
+# (version 7's register tile, without its strided thread layout)
 
 
 def make_register_tile_kernel(BM, BN, BK, TM, TN):
@@ -85,21 +83,21 @@ def make_register_tile_kernel(BM, BN, BK, TM, TN):
         b_frag = cuda.local.array(TN, float32)
         tid = cuda.threadIdx.x
         tx, ty = tid % TX, tid // TX
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = 0.0
-        for k0 in range(0, kk, BK):
+        for k0 in range(0, k_total, BK):
             for idx in range(tid, BM * BK, THREADS):
                 r, q = idx // BK, idx % BK
-                ok = row0 + r < m and k0 + q < kk
+                ok = row0 + r < m and k0 + q < k_total
                 a_tile[r, q] = a[row0 + r, k0 + q] if ok else float32(0.0)
             for idx in range(tid, BK * BN, THREADS):
                 r, q = idx // BN, idx % BN
-                ok = k0 + r < kk and col0 + q < n
+                ok = k0 + r < k_total and col0 + q < n
                 b_tile[r, q] = b[k0 + r, col0 + q] if ok else float32(0.0)
             cuda.syncthreads()
             for k in range(BK):
@@ -133,7 +131,7 @@ def matmul_register_tile(a, b, c, bm=16, bn=16, bk=4, tm=4, tn=4):
     registers and do tm * tn FMAs. Raises ValueError if tm, tn do not divide bm, bn.
     """
     raise NotImplementedError("Exercise 8.2: fill the TODOs in make_register_tile_kernel")
-    _operands(a, b, c)
+    a, b, c = check_operands(a, b, c)
     if bm % tm or bn % tn:
         raise ValueError(f"tm={tm} must divide bm={bm} and tn={tn} must divide bn={bn}")
     key = ("regtile", bm, bn, bk, tm, tn)

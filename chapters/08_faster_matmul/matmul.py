@@ -11,7 +11,7 @@ version 8  matmul_transposed_a: A tile stored transposed in shared memory, 4-wid
 version 9  matmul_double_buffered: the next tile is loaded into registers while this one is used
 version 10 matmul_unguarded: when M, N, K are multiples of the tiles, v9 without bounds
            checks, flat operands, constant-stride addresses (chosen at launch; v9 otherwise)
-version 11 autotuned: version 10 generated over a few tile shapes, fastest one kept
+version 11 autotuned: version 10 built for a few tile shapes, the fastest one kept
 baseline   cuBLAS SGEMM through torch.matmul (TF32 off), measured in the same run
 
 Run:   python chapters/08_faster_matmul/matmul.py [--sizes 1024,2048,4096] [--quick]
@@ -19,32 +19,73 @@ Run:   python chapters/08_faster_matmul/matmul.py [--sizes 1024,2048,4096] [--qu
 
 Every version is checked against a float64 product on the same inputs (the
 tolerance 1e-4 also proves TF32 is off: TF32 gives ~1e-3), then timed with
-CUDA events. Kernels 6-11 come from factories (``make_*``) that close over the
-tile sizes, so Numba sees them as compile-time constants: loops over them
-unroll and ``cuda.local.array`` of that size can live in registers. The
-designs follow Simon Boehm, "How to Optimize a CUDA Matmul Kernel for
-cuBLAS-like Performance" (2022, siboehm.com/articles/22/CUDA-MMM) and
-CUTLASS's thread-level tiling (NVIDIA, "CUTLASS: Fast Linear Algebra in CUDA
-C++", 2017).
+CUDA events. Kernels 6-10 come from factories (``make_*``) that close over a
+``Tile`` (block tile, K-slice, register tile), so Numba sees its sizes as
+compile-time constants: loops over them unroll and ``cuda.local.array`` of
+that size can live in registers. The launchers take the same ``Tile``, so a
+kernel and its launch cannot disagree. Versions 7-10 repeat most of the
+previous version's code on purpose: diff version N against N + 1 to see the
+one idea it adds. The designs follow Simon Boehm, "How to Optimize a CUDA
+Matmul Kernel for cuBLAS-like Performance" (2022,
+siboehm.com/articles/22/CUDA-MMM) and CUTLASS's thread-level tiling (NVIDIA,
+"CUTLASS: Fast Linear Algebra in CUDA C++", 2017). The tooling around the
+kernels (cuBLAS baseline, picking the fastest tile, compiler report, tables,
+plot) is in ``matmul_tools.py``.
 """
 
-import common  # noqa: F401, I001  (first: picks GPU or simulator before numba loads)
-import argparse
-import json
-import re
-import sys
-from pathlib import Path
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import import_sibling
+from common.checking import check, random_array, require_device_array
+from common.harness import run_script, run_versions, save_results, script_parser
+from common.runtime import ceil_div, is_simulator, jit, pick
+from common.timing import Timing, cpu_ms, device_peaks
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from functools import cache, partial
+from typing import Any
 
 import numpy as np
 from numba import cuda, float32, uint64
 
-from common.checking import CheckError, check, random_array
-from common.harness import run_versions
-from common.runtime import ceil_div, is_simulator, jit, pick
-from common.timing import Timing, device_peaks, format_table, write_json
+tools = import_sibling(__file__, "matmul_tools")
+
+CHAPTER = "08_faster_matmul"
+
+# Largest accepted ||C - ref|| / ||ref|| against the float64 product: FP32
+# rounding over K terms stays well below it, and TF32 (~1e-3) does not.
+TOL = 1e-4
 
 # The simulator refuses shared-memory alignment; on a GPU 16 bytes allows LDS.128.
 SMEM_ALIGN = pick(gpu=16, simulator=None)
+
+
+@dataclass(frozen=True)
+class Tile:
+    """The tile shape a kernel factory (versions 6-10) builds for, and its launch uses.
+
+    A block computes a ``bm x bn`` tile of C, stepping along K by ``bk``
+    (a ``(bm, bk)`` tile of A and a ``(bk, bn)`` tile of B in shared memory
+    per step); each thread computes a ``tm x tn`` register tile of it.
+    ``min_blocks``: blocks per SM that versions 9-10 ask the compiler to fit
+    (``launch_bounds``), which caps their registers per thread.
+    """
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int = 1
+    min_blocks: int = 2
+
+    @property
+    def threads(self) -> int:
+        """Threads per block (1-D blocks): one per register tile."""
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def __str__(self) -> str:
+        return f"{self.bm}x{self.bn} BK{self.bk} {self.tm}x{self.tn}"
+
 
 # --------------------------------------------------------------------------
 # References: the definition, and NumPy
@@ -114,13 +155,13 @@ def make_matmul_smem_tiled(TILE):
         ty = cuda.threadIdx.y
         row = cuda.blockIdx.y * TILE + ty
         col = cuda.blockIdx.x * TILE + tx
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         acc = float32(0.0)
-        for k0 in range(0, kk, TILE):
+        for k0 in range(0, k_total, TILE):
             # Out-of-range cells are loaded as 0, so they add nothing below.
-            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < kk else float32(0.0)
-            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < kk and col < n else float32(0.0)
+            a_tile[ty, tx] = a[row, k0 + tx] if row < m and k0 + tx < k_total else float32(0.0)
+            b_tile[ty, tx] = b[k0 + ty, col] if k0 + ty < k_total and col < n else float32(0.0)
             cuda.syncthreads()  # the tile is complete before anyone reads it
             for k in range(TILE):
                 acc += a_tile[ty, k] * b_tile[k, tx]
@@ -136,13 +177,15 @@ def make_matmul_smem_tiled(TILE):
 # --------------------------------------------------------------------------
 
 
-def make_matmul_blocktile_1d(BM, BN, BK, TM):
+def make_matmul_blocktile_1d(tile):
     """v6 factory: a block of (BM / TM) * BN threads computes a BM x BN tile of C;
     each thread TM outputs of one column. Per k, a thread loads one B value
     from shared memory and reuses it TM times: TM FMAs per (1 + TM) shared loads,
     against 1 FMA per 2 loads in v5. Needs BM * BK == BN * BK == threads."""
-    THREADS = (BM // TM) * BN
-    assert BM % TM == 0 and BM * BK == THREADS and BK * BN == THREADS, "inconsistent tile"
+    BM, BN, BK, TM = tile.bm, tile.bn, tile.bk, tile.tm
+    THREADS = tile.threads  # (BM / TM) * BN
+    assert tile.tn == 1 and BM % TM == 0, "one column per thread, TM rows"
+    assert BM * BK == THREADS and BK * BN == THREADS, "one A and one B load per thread"
 
     @cuda.jit
     def matmul_blocktile_1d(a, b, c):
@@ -150,7 +193,7 @@ def make_matmul_blocktile_1d(BM, BN, BK, TM):
         b_tile = cuda.shared.array((BK, BN), float32)
         acc = cuda.local.array(TM, float32)
         tid = cuda.threadIdx.x
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
@@ -162,10 +205,10 @@ def make_matmul_blocktile_1d(BM, BN, BK, TM):
         br, bc = tid // BN, tid % BN
         for i in range(TM):
             acc[i] = 0.0
-        for k0 in range(0, kk, BK):
-            ok_a = row0 + ar < m and k0 + ac < kk
+        for k0 in range(0, k_total, BK):
+            ok_a = row0 + ar < m and k0 + ac < k_total
             a_tile[ar, ac] = a[row0 + ar, k0 + ac] if ok_a else float32(0.0)
-            ok_b = k0 + br < kk and col0 + bc < n
+            ok_b = k0 + br < k_total and col0 + bc < n
             b_tile[br, bc] = b[k0 + br, col0 + bc] if ok_b else float32(0.0)
             cuda.syncthreads()
             for k in range(BK):
@@ -177,18 +220,17 @@ def make_matmul_blocktile_1d(BM, BN, BK, TM):
             if row0 + trow + i < m and col0 + tcol < n:
                 c[row0 + trow + i, col0 + tcol] = acc[i]
 
-    matmul_blocktile_1d.threads = THREADS
-    matmul_blocktile_1d.tile = (BM, BN)
     return matmul_blocktile_1d
 
 
-def make_matmul_blocktile_2d(BM, BN, BK, TM, TN):
+def make_matmul_blocktile_2d(tile):
     """v7 factory: (BM / TM) * (BN / TN) threads; each thread a TM x TN register
     tile. Per k a thread loads TM values of A and TN of B from shared memory
     and does TM * TN FMAs (an outer product): 64 FMAs per 16 loads for 8 x 8.
     Thread (tx, ty) owns rows ty + i * BM/TM and columns tx + j * BN/TN: strided
     so that the 32 threads of a warp read 32 consecutive B values (no bank
     conflict) and write C coalesced."""
+    BM, BN, BK, TM, TN = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn
     TX, TY = BN // TN, BM // TM
     THREADS = TX * TY
     A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
@@ -206,23 +248,23 @@ def make_matmul_blocktile_2d(BM, BN, BK, TM, TN):
         # non-negative and Numba's negative-index wraparound code folds away.
         tid = cuda.threadIdx.x & 1023
         tx, ty = tid % TX, tid // TX
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = 0.0
-        for k0 in range(0, kk, BK):
-            for l in range(A_LOADS):
-                idx = tid + l * THREADS
+        for k0 in range(0, k_total, BK):
+            for load in range(A_LOADS):
+                idx = tid + load * THREADS
                 r, q = idx // BK, idx % BK
-                ok = row0 + r < m and k0 + q < kk
+                ok = row0 + r < m and k0 + q < k_total
                 a_tile[r, q] = a[row0 + r, k0 + q] if ok else float32(0.0)
-            for l in range(B_LOADS):
-                idx = tid + l * THREADS
+            for load in range(B_LOADS):
+                idx = tid + load * THREADS
                 r, q = idx // BN, idx % BN
-                ok = k0 + r < kk and col0 + q < n
+                ok = k0 + r < k_total and col0 + q < n
                 b_tile[r, q] = b[k0 + r, col0 + q] if ok else float32(0.0)
             cuda.syncthreads()
             for k in range(BK):
@@ -241,8 +283,6 @@ def make_matmul_blocktile_2d(BM, BN, BK, TM, TN):
                 if row < m and col < n:
                     c[row, col] = acc[i, j]
 
-    matmul_blocktile_2d.threads = THREADS
-    matmul_blocktile_2d.tile = (BM, BN)
     return matmul_blocktile_2d
 
 
@@ -251,7 +291,7 @@ def make_matmul_blocktile_2d(BM, BN, BK, TM, TN):
 # --------------------------------------------------------------------------
 
 
-def make_matmul_transposed_a(BM, BN, BK, TM, TN):
+def make_matmul_transposed_a(tile):
     """v8 factory: as v7, but the A tile is stored transposed (k-major, rows
     padded by 4 floats) so that a thread's TM values of A for one k sit next to
     each other, like its TN values of B. Thread (tx, ty) owns rows in groups
@@ -259,6 +299,7 @@ def make_matmul_transposed_a(BM, BN, BK, TM, TN):
     each group of 4 is one 16-byte shared-memory load (LDS.128) when the
     compiler vectorises it, 4 loads instead of 16 per k for an 8 x 8 tile.
     The padding spreads the transposing stores over all 32 banks."""
+    BM, BN, BK, TM, TN = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn
     TX, TY = BN // TN, BM // TM
     THREADS = TX * TY
     A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
@@ -280,23 +321,23 @@ def make_matmul_transposed_a(BM, BN, BK, TM, TN):
         # non-negative and Numba's negative-index wraparound code folds away.
         tid = cuda.threadIdx.x & 1023
         tx, ty = tid % TX, tid // TX
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = 0.0
-        for k0 in range(0, kk, BK):
-            for l in range(A_LOADS):
-                idx = tid + l * THREADS
+        for k0 in range(0, k_total, BK):
+            for load in range(A_LOADS):
+                idx = tid + load * THREADS
                 r, q = idx // BK, idx % BK
-                ok = row0 + r < m and k0 + q < kk
+                ok = row0 + r < m and k0 + q < k_total
                 a_tile[q * AP + r] = a[row0 + r, k0 + q] if ok else float32(0.0)
-            for l in range(B_LOADS):
-                idx = tid + l * THREADS
+            for load in range(B_LOADS):
+                idx = tid + load * THREADS
                 r, q = idx // BN, idx % BN
-                ok = k0 + r < kk and col0 + q < n
+                ok = k0 + r < k_total and col0 + q < n
                 b_tile[r * BN + q] = b[k0 + r, col0 + q] if ok else float32(0.0)
             cuda.syncthreads()
             for k in range(BK):
@@ -318,17 +359,16 @@ def make_matmul_transposed_a(BM, BN, BK, TM, TN):
                 if row < m and col < n:
                     c[row, col] = acc[i, j]
 
-    matmul_transposed_a.threads = THREADS
-    matmul_transposed_a.tile = (BM, BN)
     return matmul_transposed_a
 
 
-def make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
+def make_matmul_double_buffered(tile):
     """v9 factory: v8 with two shared buffers. While the block computes on tile
     t, each thread already holds tile t + 1's values (loaded from global memory
     into registers before the compute, so the load latency hides behind
     BK * TM * TN FMAs); it stores them into the other buffer afterwards. One
     syncthreads per tile instead of two."""
+    BM, BN, BK, TM, TN, MIN_BLOCKS = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.min_blocks
     TX, TY = BN // TN, BM // TM
     THREADS = TX * TY
     A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
@@ -357,7 +397,7 @@ def make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
         # non-negative and Numba's negative-index wraparound code folds away.
         tid = cuda.threadIdx.x & 1023
         tx, ty = tid % TX, tid // TX
-        m, kk = a.shape
+        m, k_total = a.shape
         n = b.shape[1]
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
@@ -365,39 +405,39 @@ def make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
             for j in range(TN):
                 acc[i, j] = 0.0
         # Prologue: tile 0 straight into buffer 0.
-        for l in range(A_LOADS):
-            idx = tid + l * THREADS
+        for load in range(A_LOADS):
+            idx = tid + load * THREADS
             r, q = idx // BK, idx % BK
-            ok = row0 + r < m and q < kk
+            ok = row0 + r < m and q < k_total
             a_tile[q * AP + r] = a[row0 + r, q] if ok else float32(0.0)
-        for l in range(B_LOADS):
-            idx = tid + l * THREADS
+        for load in range(B_LOADS):
+            idx = tid + load * THREADS
             r, q = idx // BN, idx % BN
-            ok = r < kk and col0 + q < n
+            ok = r < k_total and col0 + q < n
             b_tile[r * BN + q] = b[r, col0 + q] if ok else float32(0.0)
         cuda.syncthreads()
-        tiles = (kk + BK - 1) // BK
+        tiles = (k_total + BK - 1) // BK
         for t in range(tiles):
             cur = t & 1  # t % 2, written so the compiler sees it is >= 0
-            k1 = (t + 1) * BK
+            k_next = (t + 1) * BK
             if t + 1 < tiles:  # issue the global loads of the next tile now
-                for l in range(A_LOADS):
-                    idx = tid + l * THREADS
+                for load in range(A_LOADS):
+                    idx = tid + load * THREADS
                     r, q = idx // BK, idx % BK
-                    ok = row0 + r < m and k1 + q < kk
-                    a_next[l] = a[row0 + r, k1 + q] if ok else float32(0.0)
-                for l in range(B_LOADS):
-                    idx = tid + l * THREADS
+                    ok = row0 + r < m and k_next + q < k_total
+                    a_next[load] = a[row0 + r, k_next + q] if ok else float32(0.0)
+                for load in range(B_LOADS):
+                    idx = tid + load * THREADS
                     r, q = idx // BN, idx % BN
-                    ok = k1 + r < kk and col0 + q < n
-                    b_next[l] = b[k1 + r, col0 + q] if ok else float32(0.0)
+                    ok = k_next + r < k_total and col0 + q < n
+                    b_next[load] = b[k_next + r, col0 + q] if ok else float32(0.0)
             a_base = cur * A_BUF + ty * 4
             b_base = cur * B_BUF + tx * 4
             # Two k per trip of the outer loop: the compiler unrolls the inner pair,
             # halving the loop and address overhead per FMA.
-            for k2 in range(BK // 2):
-                for kk2 in range(2):
-                    k = 2 * k2 + kk2
+            for k_pair in range(BK // 2):
+                for k1 in range(2):
+                    k = 2 * k_pair + k1
                     a_k = a_base + k * AP
                     b_k = b_base + k * BN
                     for i in range(TM):
@@ -409,11 +449,11 @@ def make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
                             acc[i, j] += a_frag[i] * b_frag[j]
             if t + 1 < tiles:
                 nxt = 1 - cur
-                for l in range(A_LOADS):
-                    idx = tid + l * THREADS
-                    a_tile[uint64(nxt * A_BUF + (idx % BK) * AP + idx // BK)] = a_next[l]
-                for l in range(B_LOADS):
-                    b_tile[uint64(nxt * B_BUF + tid + l * THREADS)] = b_next[l]
+                for load in range(A_LOADS):
+                    idx = tid + load * THREADS
+                    a_tile[uint64(nxt * A_BUF + (idx % BK) * AP + idx // BK)] = a_next[load]
+                for load in range(B_LOADS):
+                    b_tile[uint64(nxt * B_BUF + tid + load * THREADS)] = b_next[load]
             # The other buffer is complete, and nobody reads this one any more.
             cuda.syncthreads()
         for i in range(TM):
@@ -423,13 +463,10 @@ def make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
                 if row < m and col < n:
                     c[row, col] = acc[i, j]
 
-    matmul_double_buffered.threads = THREADS
-    matmul_double_buffered.launch_bounds = (THREADS, MIN_BLOCKS)
-    matmul_double_buffered.tile = (BM, BN)
     return matmul_double_buffered
 
 
-def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
+def make_matmul_unguarded(tile):
     """v10 factory: v9 for sizes that are multiples of the tiles
     (M % BM == N % BN == K % BK == 0, as 4096 is), launched by
     ``launch_unguarded``, which refuses other sizes. With no edge to guard:
@@ -445,6 +482,7 @@ def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
 
     Per 128 x 128 x 8 tile ptxas (sm_90) then emits 512 FFMA and ~140 other
     instructions, against ~425 other for v9: 78% of issue slots do FMAs, not 55%."""
+    BM, BN, BK, TM, TN, MIN_BLOCKS = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.min_blocks
     TX, TY = BN // TN, BM // TM
     THREADS = TX * TY
     A_LOADS, B_LOADS = BM * BK // THREADS, BK * BN // THREADS
@@ -459,8 +497,8 @@ def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
     assert 4 * 2 * (A_BUF + B_BUF) <= 48 * 1024, "shared memory over 48 KiB"
 
     @jit(launch_bounds=(THREADS, MIN_BLOCKS))
-    def matmul_unguarded(a, b, c, n, kk):
-        # a: (M * K,), b: (K * N,), c: (M * N,) flat row-major views; n = N, kk = K.
+    def matmul_unguarded(a, b, c, n, k_total):
+        # a: (M * K,), b: (K * N,), c: (M * N,) flat row-major views; n = N, k_total = K.
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)
         b_tile = cuda.shared.array(B_SIZE, float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((TM, TN), float32)
@@ -472,30 +510,30 @@ def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
         tx, ty = tid % TX, tid // TX
         row0 = cuda.blockIdx.y * BM
         col0 = cuda.blockIdx.x * BN
-        # Per-thread offsets, computed once: load l of a tile reads A's row
-        # tid // BK + l * A_ROWS, a constant A_ROWS * K floats further on.
-        a_src = (row0 + tid // BK) * kk + tid % BK
+        # Per-thread offsets, computed once: load number `load` of a tile reads
+        # A's row tid // BK + load * A_ROWS, a constant A_ROWS * K floats further on.
+        a_src = (row0 + tid // BK) * k_total + tid % BK
         b_src = (tid // BN) * n + col0 + tid % BN
         a_dst = (tid % BK) * AP + tid // BK  # transposed: a_tile[k * AP + row]
-        a_step, b_step = A_ROWS * kk, B_ROWS * n
+        a_step, b_step = A_ROWS * k_total, B_ROWS * n
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = 0.0
-        for l in range(A_LOADS):
-            a_tile[uint64(a_dst + l * A_ROWS)] = a[uint64(a_src + l * a_step)]
-        for l in range(B_LOADS):
-            b_tile[uint64(tid + l * THREADS)] = b[uint64(b_src + l * b_step)]
+        for load in range(A_LOADS):
+            a_tile[uint64(a_dst + load * A_ROWS)] = a[uint64(a_src + load * a_step)]
+        for load in range(B_LOADS):
+            b_tile[uint64(tid + load * THREADS)] = b[uint64(b_src + load * b_step)]
         cuda.syncthreads()
-        tiles = kk // BK
+        tiles = k_total // BK
         for t in range(tiles):
             cur = t & 1
             if t + 1 < tiles:  # the next tile's loads, in flight during the FMAs
                 a_src += BK
                 b_src += BK * n
-                for l in range(A_LOADS):
-                    a_next[l] = a[uint64(a_src + l * a_step)]
-                for l in range(B_LOADS):
-                    b_next[l] = b[uint64(b_src + l * b_step)]
+                for load in range(A_LOADS):
+                    a_next[load] = a[uint64(a_src + load * a_step)]
+                for load in range(B_LOADS):
+                    b_next[load] = b[uint64(b_src + load * b_step)]
             a_base = cur * A_BUF + ty * 4
             b_base = cur * B_BUF + tx * 4
             k = 0
@@ -513,20 +551,16 @@ def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
                 k += 2
             if t + 1 < tiles:
                 nxt = 1 - cur
-                for l in range(A_LOADS):
-                    a_tile[uint64(nxt * A_BUF + a_dst + l * A_ROWS)] = a_next[l]
-                for l in range(B_LOADS):
-                    b_tile[uint64(nxt * B_BUF + tid + l * THREADS)] = b_next[l]
+                for load in range(A_LOADS):
+                    a_tile[uint64(nxt * A_BUF + a_dst + load * A_ROWS)] = a_next[load]
+                for load in range(B_LOADS):
+                    b_tile[uint64(nxt * B_BUF + tid + load * THREADS)] = b_next[load]
             cuda.syncthreads()
         for i in range(TM):
             c_row = (row0 + (i // 4) * GA + ty * 4 + i % 4) * n + col0 + tx * 4
             for j in range(TN):
                 c[uint64(c_row + (j // 4) * GB + j % 4)] = acc[i, j]
 
-    matmul_unguarded.threads = THREADS
-    matmul_unguarded.launch_bounds = (THREADS, MIN_BLOCKS)
-    matmul_unguarded.tile = (BM, BN)
-    matmul_unguarded.bk = BK
     return matmul_unguarded
 
 
@@ -536,21 +570,31 @@ def make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
 
 
 def check_operands(a, b, c):
-    """Raise a clear error unless a (M, K), b (K, N), c (M, N) are 2-D float32 row-major."""
+    """Return a (M, K), b (K, N), c (M, N) as Numba device arrays, or raise a clear error.
+
+    Each must be a 2-D float32 C-contiguous (row-major) device array (a CUDA
+    torch tensor is wrapped without a copy), and the shapes must chain.
+    Raises TypeError (a host array, not on the GPU, not float32) or ValueError
+    (not 2-D, not row-major, shapes that do not chain). ``matmul_best`` and the
+    exercises' launchers call it; the launchers below do not, so a timing
+    counts the launch only.
+    """
+    a = require_device_array(a, "a", ndim=2, dtype=np.float32)
+    b = require_device_array(b, "b", ndim=2, dtype=np.float32)
+    c = require_device_array(c, "c", ndim=2, dtype=np.float32)
     for name, x in (("a", a), ("b", b), ("c", c)):
-        if len(x.shape) != 2 or np.dtype(x.dtype) != np.float32:
-            raise TypeError(
-                f"{name} must be a 2-D float32 array, got shape {x.shape} dtype {x.dtype}; "
-                "convert with np.ascontiguousarray(x, dtype=np.float32)"
-            )
         if not x.is_c_contiguous():
-            raise ValueError(f"{name} must be C-contiguous (row-major); copy it first")
+            raise ValueError(f"{name} must be C-contiguous (row-major): pass "
+                             f"cuda.to_device(np.ascontiguousarray({name}))")
     if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}")
+        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}; "
+                         "need a (M, K), b (K, N), c (M, N)")
+    return a, b, c
 
 
 def launch_one_per_thread(kernel, a, b, c, block=(16, 16)):
-    """v3/v4: one thread per output. v3 maps x to rows, v4 maps x to columns."""
+    """v3/v4: one thread per output, blocks of ``block`` threads. v3 maps x to
+    rows, v4 maps x to columns, so the grid is laid out the same way."""
     m, n = c.shape
     if kernel is matmul_naive:
         grid = (ceil_div(m, block[0]), ceil_div(n, block[1]))
@@ -559,433 +603,269 @@ def launch_one_per_thread(kernel, a, b, c, block=(16, 16)):
     kernel[grid, block](a, b, c)
 
 
-def launch_tiled(kernel, a, b, c):
-    """v5: grid of TILE x TILE blocks over C."""
-    tile = kernel.tile
+def launch_smem_tiled(kernel, tile_size, a, b, c):
+    """v5: a grid of tile_size x tile_size blocks over C; ``kernel`` is
+    ``make_matmul_smem_tiled(tile_size)``."""
     m, n = c.shape
-    kernel[(ceil_div(n, tile), ceil_div(m, tile)), (tile, tile)](a, b, c)
+    kernel[(ceil_div(n, tile_size), ceil_div(m, tile_size)), (tile_size, tile_size)](a, b, c)
 
 
-def launch_blocktiled(kernel, a, b, c):
-    """v6-v9 (and v10 on ragged sizes): one block of ``kernel.threads`` threads per BM x BN tile of C."""
-    bm, bn = kernel.tile
+def launch_blocktiled(kernel, tile, a, b, c):
+    """v6-v9 (and v10 on ragged sizes): one block of ``tile.threads`` threads
+    per ``tile.bm x tile.bn`` tile of C; ``kernel`` was made for ``tile``."""
     m, n = c.shape
-    kernel[(ceil_div(n, bn), ceil_div(m, bm)), kernel.threads](a, b, c)
+    kernel[(ceil_div(n, tile.bn), ceil_div(m, tile.bm)), tile.threads](a, b, c)
 
 
-def launch_unguarded(kernel, a, b, c):
-    """v10's fast kernel: one block per BM x BN tile, operands passed flat.
-    Raises ValueError unless M, N, K are multiples of BM, BN, BK (it has no guards)."""
-    bm, bn = kernel.tile
+def launch_unguarded(kernel, tile, a, b, c):
+    """v10's fast kernel (``make_matmul_unguarded(tile)``): one block per
+    ``tile.bm x tile.bn`` tile of C, operands passed flat. Raises ValueError
+    unless M, N, K are multiples of tile.bm, tile.bn, tile.bk (it has no guards)."""
     m, n = c.shape
-    kk = a.shape[1]
-    if m % bm or n % bn or kk % kernel.bk:
-        raise ValueError(f"the unguarded kernel needs M % {bm} == N % {bn} == K % {kernel.bk} "
-                         f"== 0, got M={m} N={n} K={kk}; use make_matmul_fast (it falls back)")
-    kernel[(n // bn, m // bm), kernel.threads](a.reshape(m * kk), b.reshape(kk * n),
-                                                c.reshape(m * n), n, kk)
+    k_total = a.shape[1]
+    if m % tile.bm or n % tile.bn or k_total % tile.bk:
+        raise ValueError(f"the unguarded kernel needs M % {tile.bm} == N % {tile.bn} == "
+                         f"K % {tile.bk} == 0, got M={m} N={n} K={k_total}; use launch_fast "
+                         "(it falls back to version 9)")
+    kernel[(n // tile.bn, m // tile.bm), tile.threads](
+        a.reshape(m * k_total), b.reshape(k_total * n), c.reshape(m * n), n, k_total)
 
 
-def make_matmul_fast(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
-    """v10: launch(a, b, c) for any M, N, K. Chooses at launch time: the
-    unguarded v10 kernel when M, N, K are multiples of BM, BN, BK, else the
-    guarded v9 kernel of the same shape (same arithmetic, edges checked).
-    ``launch.kernels`` = (unguarded, guarded); ``launch.shape`` = the arguments."""
-    fast = make_matmul_unguarded(BM, BN, BK, TM, TN, MIN_BLOCKS)
-    edge = make_matmul_double_buffered(BM, BN, BK, TM, TN, MIN_BLOCKS)
-
-    def launch(a, b, c):
-        m, n = c.shape
-        if m % BM == 0 and n % BN == 0 and a.shape[1] % BK == 0:
-            launch_unguarded(fast, a, b, c)
-        else:
-            launch_blocktiled(edge, a, b, c)
-
-    launch.kernels = (fast, edge)
-    launch.shape = (BM, BN, BK, TM, TN, MIN_BLOCKS)
-    return launch
+def launch_fast(unguarded, guarded, tile, a, b, c):
+    """v10 for any M, N, K: ``unguarded`` (``make_matmul_unguarded(tile)``) when
+    M, N, K are multiples of the tile, else ``guarded``
+    (``make_matmul_double_buffered(tile)``: the same arithmetic, edges checked)."""
+    m, n = c.shape
+    if m % tile.bm == 0 and n % tile.bn == 0 and a.shape[1] % tile.bk == 0:
+        launch_unguarded(unguarded, tile, a, b, c)
+    else:
+        launch_blocktiled(guarded, tile, a, b, c)
 
 
-def smem_tiled(tile):
-    k = make_matmul_smem_tiled(tile)
-    k.tile = tile
-    return k
+# --------------------------------------------------------------------------
+# The versions, in order
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Version:
+    """One GPU version of the table: its number, what it does, how to launch it.
+
+    ``launcher(a, b, c)`` writes A @ B into c (device arrays as
+    ``check_operands`` accepts them); ``kernels`` are the Numba kernels it
+    launches (for the compiler report); ``tile`` is the Tile they were built
+    for (None for versions 3-5).
+    """
+
+    number: int
+    name: str
+    launcher: Callable[..., None]
+    kernels: tuple[Any, ...]
+    tile: Tile | None = None
+
+    @property
+    def label(self) -> str:
+        """The row name in the tables and the JSON, e.g. ``"7 2D blocktile 128x128 BK8 8x8"``."""
+        return f"{self.number} {self.name}"
+
+
+def make_matmul_fast(tile):
+    """Version 10 for ``tile``: its launcher runs the unguarded kernel when
+    M, N, K are multiples of the tile, and version 9 of the same tile otherwise,
+    so any M, N, K >= 1 works. ``kernels`` = (unguarded, guarded)."""
+    unguarded = make_matmul_unguarded(tile)
+    guarded = make_matmul_double_buffered(tile)
+    return Version(10, f"unguarded fast path {tile}", partial(launch_fast, unguarded, guarded, tile),
+                   (unguarded, guarded), tile)
 
 
 # Tile shapes per runtime: full size on a GPU; tiny in the simulator, which runs
 # a Python thread per CUDA thread (same code, smaller constants).
 TILE_5 = pick(gpu=32, simulator=4)
-SHAPE_6 = pick(gpu=(64, 64, 8, 8), simulator=(8, 8, 2, 4))  # BM, BN, BK, TM
-SHAPE_7 = pick(gpu=(128, 128, 8, 8, 8), simulator=(8, 8, 4, 2, 2))  # BM, BN, BK, TM, TN
-SHAPE_8 = pick(gpu=(128, 128, 8, 8, 8), simulator=(16, 16, 4, 4, 4))
+SHAPE_6 = pick(gpu=Tile(64, 64, 8, 8), simulator=Tile(8, 8, 2, 4))
+SHAPE_7 = pick(gpu=Tile(128, 128, 8, 8, 8), simulator=Tile(8, 8, 4, 2, 2))
+SHAPE_8 = pick(gpu=Tile(128, 128, 8, 8, 8), simulator=Tile(16, 16, 4, 4, 4))
 
-# Autotuner candidates for v10 (BM, BN, BK, TM, TN, MIN_BLOCKS): 256 threads,
-# 8 x 8, 8 x 4, 4 x 8 or 4 x 4 register tiles, BK 8 or 16, 1 or 2 blocks per SM.
-# All fit 48 KiB of shared memory and, checked with ptxas for sm_90, none
-# spills registers (128 x 128 BK16 uses 127 of its 128 with 2 blocks per SM).
+# Version 11's candidates: 256 threads, 8 x 8, 8 x 4, 4 x 8 or 4 x 4 register
+# tiles, BK 8 or 16, 1 or 2 blocks per SM. All fit 48 KiB of shared memory and,
+# checked with ptxas for sm_90, none spills registers (128 x 128 BK16 uses 127
+# of its 128 with 2 blocks per SM).
 TUNE_SHAPES = pick(
     gpu=[
-        (128, 128, 8, 8, 8, 2),
-        (128, 128, 16, 8, 8, 2),
-        (128, 128, 16, 8, 8, 1),
-        (128, 64, 16, 8, 4, 2),
-        (64, 128, 16, 4, 8, 2),
-        (64, 64, 16, 4, 4, 2),
+        Tile(128, 128, 8, 8, 8, 2),
+        Tile(128, 128, 16, 8, 8, 2),
+        Tile(128, 128, 16, 8, 8, 1),
+        Tile(128, 64, 16, 8, 4, 2),
+        Tile(64, 128, 16, 4, 8, 2),
+        Tile(64, 64, 16, 4, 4, 2),
     ],
-    simulator=[(16, 16, 4, 4, 4, 2), (16, 8, 8, 4, 4, 1)],
+    simulator=[Tile(16, 16, 4, 4, 4, 2), Tile(16, 8, 8, 4, 4, 1)],
 )
 
 
 def gpu_versions():
-    """name -> (launch(a, b, c), kernel or None), versions 3-9 in order."""
-    v5 = smem_tiled(TILE_5)
-    v6 = make_matmul_blocktile_1d(*SHAPE_6)
-    v7 = make_matmul_blocktile_2d(*SHAPE_7)
-    v8 = make_matmul_transposed_a(*SHAPE_8)
-    v9 = make_matmul_double_buffered(*SHAPE_8)
-    v10 = make_matmul_fast(*SHAPE_8)
-    return {
-        "3 naive (x -> row)": (lambda a, b, c: launch_one_per_thread(matmul_naive, a, b, c),
-                               matmul_naive),
-        "4 coalesced (x -> col)": (lambda a, b, c: launch_one_per_thread(matmul_coalesced, a, b, c),
-                                   matmul_coalesced),
-        f"5 smem tiled {TILE_5}x{TILE_5}": (lambda a, b, c: launch_tiled(v5, a, b, c), v5),
-        "6 1D blocktile {}x{} BK{} TM{}".format(*SHAPE_6):
-            (lambda a, b, c: launch_blocktiled(v6, a, b, c), v6),
-        "7 2D blocktile {}x{} BK{} {}x{}".format(*SHAPE_7):
-            (lambda a, b, c: launch_blocktiled(v7, a, b, c), v7),
-        "8 transposed A {}x{} BK{} {}x{}".format(*SHAPE_8):
-            (lambda a, b, c: launch_blocktiled(v8, a, b, c), v8),
-        "9 double buffered {}x{} BK{} {}x{}".format(*SHAPE_8):
-            (lambda a, b, c: launch_blocktiled(v9, a, b, c), v9),
-        "10 unguarded fast path {}x{} BK{} {}x{}".format(*SHAPE_8): (v10, v10.kernels[0]),
-    }
+    """Versions 3-10, in order, at this runtime's tile shapes (a list of Version)."""
+    v5 = make_matmul_smem_tiled(TILE_5)
+    v6 = make_matmul_blocktile_1d(SHAPE_6)
+    v7 = make_matmul_blocktile_2d(SHAPE_7)
+    v8 = make_matmul_transposed_a(SHAPE_8)
+    v9 = make_matmul_double_buffered(SHAPE_8)
+    return [
+        Version(3, "naive (x -> row)", partial(launch_one_per_thread, matmul_naive),
+                (matmul_naive,)),
+        Version(4, "coalesced (x -> col)", partial(launch_one_per_thread, matmul_coalesced),
+                (matmul_coalesced,)),
+        Version(5, f"smem tiled {TILE_5}x{TILE_5}", partial(launch_smem_tiled, v5, TILE_5), (v5,)),
+        Version(6, f"1D blocktile {SHAPE_6.bm}x{SHAPE_6.bn} BK{SHAPE_6.bk} TM{SHAPE_6.tm}",
+                partial(launch_blocktiled, v6, SHAPE_6), (v6,), SHAPE_6),
+        Version(7, f"2D blocktile {SHAPE_7}", partial(launch_blocktiled, v7, SHAPE_7), (v7,),
+                SHAPE_7),
+        Version(8, f"transposed A {SHAPE_8}", partial(launch_blocktiled, v8, SHAPE_8), (v8,),
+                SHAPE_8),
+        Version(9, f"double buffered {SHAPE_8}", partial(launch_blocktiled, v9, SHAPE_8), (v9,),
+                SHAPE_8),
+        make_matmul_fast(SHAPE_8),
+    ]
 
 
-def matmul_best(a, b, c, launch=None):
-    """C = A @ B with the tuned v10 (``make_matmul_fast(*TUNE_SHAPES[0])``
-    unless ``launch`` is given, e.g. the one ``autotune`` returns).
+def autotune(tiles, size, rng, repeats):
+    """Version 11: version 10 built for each Tile in ``tiles``, each checked and
+    timed on one (M, N, K) = ``size`` product. Returns (the fastest, as Version
+    11; the list of Timing). In the simulator nothing is timed: every tile is
+    still checked and the first one kept."""
+    m, n, k = size
+    a_h, b_h, a, b = random_operands(m, n, k, rng)
+    candidates = {f"{t} mb{t.min_blocks}": make_matmul_fast(t) for t in tiles}
+    best, results = tools.fastest(
+        {name: v.launcher for name, v in candidates.items()}, (a, b),
+        matmul_reference(a_h, b_h), (m, n), tol=TOL, flops=2 * m * n * k, repeats=repeats,
+        title=f"autotune v10 tile shapes at {m}x{n}x{k}")
+    return replace(candidates[best], number=11, name=f"autotuned v10 {best}"), results
+
+
+def matmul_best(a, b, c):
+    """C = A @ B with version 10 at the first of TUNE_SHAPES, operands checked.
 
     a: (M, K), b: (K, N), c: (M, N) float32 C-contiguous device arrays; any
     M, N, K >= 1 (ragged edges go to the guarded kernel). Raises TypeError /
-    ValueError on bad operands.
+    ValueError on bad operands (see ``check_operands``).
     """
-    check_operands(a, b, c)
-    (launch or _default_best())(a, b, c)
+    a, b, c = check_operands(a, b, c)
+    _best_version().launcher(a, b, c)
 
 
-_BEST = {}
-
-
-def _default_best():
-    if "k" not in _BEST:
-        _BEST["k"] = make_matmul_fast(*TUNE_SHAPES[0])
-    return _BEST["k"]
+@cache
+def _best_version():
+    return make_matmul_fast(TUNE_SHAPES[0])
 
 
 # --------------------------------------------------------------------------
-# cuBLAS baseline (through torch), autotuner, compiler report
+# main: check every version, then time it, next to cuBLAS
 # --------------------------------------------------------------------------
 
 
-def cublas_available():
-    if is_simulator():
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
-def cublas_matmul(a, b):
-    """launch(c) running torch.matmul (cuBLAS SGEMM, TF32 off) on Numba device
-    arrays a, b, c without a copy (torch.as_tensor reads __cuda_array_interface__).
-    The torch views are made once, outside the timed call, so cuBLAS is not
-    charged for wrapping."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
-    views = {}
-
-    def launch(c):
-        if id(c) not in views:
-            views[id(c)] = (c, torch.as_tensor(c, device="cuda"))
-        torch.matmul(ta, tb, out=views[id(c)][1])
-
-    return launch
-
-
-def autotune(shapes, m, n, k, rng, repeats=10):
-    """Build v10 for each (BM, BN, BK, TM, TN, MIN_BLOCKS) in ``shapes``, check
-    it on an (m, k) @ (k, n) product, time it; return (fastest launch(a, b, c),
-    its shape, table).
-
-    In the simulator nothing is timed: every shape is still checked and the
-    first one returned."""
+def random_operands(m, n, k, rng):
+    """(a_h, b_h, a, b): random float32 A (M, K) and B (K, N), on the host and the device."""
     a_h = random_array((m, k), np.float32, rng)
     b_h = random_array((k, n), np.float32, rng)
-    a, b = cuda.to_device(a_h), cuda.to_device(b_h)
+    return a_h, b_h, cuda.to_device(a_h), cuda.to_device(b_h)
+
+
+def run_size(size, versions, with_cublas, rng, peaks, quick):
+    """Check and time versions 1-2, each of ``versions``, then cuBLAS (if
+    ``with_cublas``) at one (M, N, K) = ``size``; returns a list of Timing."""
+    m, n, k = size
+    a_h, b_h, a, b = random_operands(m, n, k, rng)
     ref = matmul_reference(a_h, b_h)
-    versions, kernels = {}, {}
-    for shape in shapes:
-        launch = make_matmul_fast(*shape)
-        name = "BM{} BN{} BK{} TM{} TN{} minblocks{}".format(*shape)
-        kernels[name] = (launch, shape)
-        versions[name] = lambda out, launch=launch: launch(a, b, out)
-    results = run_versions(versions, ref, (m, n), np.float32, tol=1e-4, flops=2 * m * n * k,
-                           warmup=1, repeats=repeats,
-                           title=f"autotune v10 tile shapes at {m}x{n}x{k}")
-    if not results[0].measured:
-        best = results[0]
-    else:
-        best = min(results, key=lambda r: r.median_ms)
-    return kernels[best.name][0], kernels[best.name][1], results
-
-
-def compiler_report(kernel, label):
-    """Registers per thread, local memory (spills), shared memory, and what the
-    PTX of the kernel contains: FMAs, shared loads (scalar and 4-wide), local
-    loads. Returns a dict; {} in the simulator (nothing is compiled there)."""
-    if is_simulator() or not kernel.overloads:
-        return {}
-    sig = next(iter(kernel.overloads))
-    report = {"kernel": label}
-    # The compiled kernel for one signature; the same numbers as
-    # kernel.get_regs_per_thread() / get_local_mem_per_thread() /
-    # get_shared_mem_per_block() give for a kernel with one signature.
-    compiled = kernel.overloads[sig]
-    for key, attr in (("registers_per_thread", "regs_per_thread"),
-                      ("local_bytes_per_thread", "local_mem_per_thread"),
-                      ("shared_bytes_per_block", "shared_mem_per_block")):
-        try:
-            report[key] = getattr(compiled, attr)
-        except Exception as exc:  # noqa: BLE001  (a driver query; report, don't fail)
-            report[key] = f"n/a ({type(exc).__name__})"
-    ptx = kernel.inspect_asm(sig)
-    report["ptx_fma_f32"] = len(re.findall(r"\bfma\.rn\.f32\b", ptx))
-    report["ptx_ld_shared_f32"] = len(re.findall(r"\bld\.shared\.f32\b", ptx))
-    report["ptx_ld_shared_v4"] = len(re.findall(r"\bld\.shared\.v4\.f32\b", ptx))
-    report["ptx_ld_shared_v2"] = len(re.findall(r"\bld\.shared\.v2\.f32\b", ptx))
-    report["ptx_ld_local"] = len(re.findall(r"\bld\.local\b", ptx))
-    report["ptx_st_local"] = len(re.findall(r"\bst\.local\b", ptx))
-    lines = [ln.strip() for ln in ptx.splitlines()
-             if "fma.rn.f32" in ln or "ld.shared" in ln]
-    report["ptx_inner_loop_sample"] = lines[:12]
-    return report
-
-
-def print_compiler_report(report):
-    if not report:
-        return
-    print(f"  {report['kernel']}: {report['registers_per_thread']} registers/thread, "
-          f"{report['local_bytes_per_thread']} B local memory/thread (spills if > 0), "
-          f"{report['shared_bytes_per_block']} B shared/block")
-    print(f"    PTX: {report['ptx_fma_f32']} fma.rn.f32, {report['ptx_ld_shared_f32']} "
-          f"ld.shared.f32, {report['ptx_ld_shared_v4']} ld.shared.v4.f32, "
-          f"{report['ptx_ld_local']} ld.local / {report['ptx_st_local']} st.local")
-    for ln in report["ptx_inner_loop_sample"][:6]:
-        print(f"      {ln}")
-
-
-# --------------------------------------------------------------------------
-# main: check every version, time it next to cuBLAS, plot
-# --------------------------------------------------------------------------
-
-
-def parse_sizes(text):
-    """'1024,2048' -> [(1024, 1024, 1024), ...]; 'MxNxK' entries are rectangular."""
-    sizes = []
-    for item in text.split(","):
-        parts = [int(p) for p in item.lower().split("x")]
-        if len(parts) == 1:
-            parts *= 3
-        if len(parts) != 3 or min(parts) < 1:
-            raise SystemExit(f"bad size {item!r}: use N or MxNxK with positive ints")
-        sizes.append(tuple(parts))
-    return sizes
-
-
-def run_size(m, n, k, versions, tuned, rng, peaks, quick):
-    """Check and time every version at one (M, N, K); returns a list of Timing."""
-    a_h = random_array((m, k), np.float32, rng)
-    b_h = random_array((k, n), np.float32, rng)
-    ref = matmul_reference(a_h, b_h)
-    a, b = cuda.to_device(a_h), cuda.to_device(b_h)
-    flops = 2 * m * n * k
-    nbytes = 4 * (m * k + k * n + m * n)
+    flops, nbytes = 2 * m * n * k, 4 * (m * k + k * n + m * n)
     results = []
-
     if m * n * k <= pick(gpu=64**3, simulator=40**3):
-        out = matmul_python_loops(a_h, b_h)
-        check(out, ref, tol=1e-4, name="1 Python loops")
+        check(matmul_python_loops(a_h, b_h), ref, tol=TOL, name="1 Python loops")
         results.append(Timing(name="1 Python loops (CPU, checked, not timed)"))
     if m * n * k <= 2048**3:
-        out = a_h @ b_h
-        check(out, ref, tol=1e-4, name="2 NumPy")
-        import time
-
-        t0 = time.perf_counter()
-        reps = 3
-        for _ in range(reps):
-            a_h @ b_h
-        ms = (time.perf_counter() - t0) / reps * 1e3
-        results.append(Timing(name="2 NumPy (CPU, host clock)", median_ms=ms, flops=flops,
-                              repeats=reps, peak_tflops=peaks.get("sgemm_tflops")))
-
-    def one(name, fn, slow=False):
-        # Slow versions (seconds at 4096) get 1 warm-up and 3 timed runs.
+        check(a_h @ b_h, ref, tol=TOL, name="2 NumPy")
+        results.append(Timing(name="2 NumPy (CPU, host clock)",
+                              median_ms=cpu_ms(partial(np.matmul, a_h, b_h)), flops=flops,
+                              repeats=3, peak_tflops=peaks.get("sgemm_tflops")))
+    # One thread an output takes seconds a call from 2048 on: 1 warm-up, 3 timed runs.
+    timed = [(v.label, v.launcher, v.number in (3, 4) and m * n * k >= 2048**3)
+             for v in versions]
+    if with_cublas:
+        timed.append((tools.CUBLAS, tools.CublasSgemm(), False))
+    for label, launcher, slow in timed:
         warmup, repeats = (1, 3) if slow or quick else (3, 20)
-        r = run_versions({name: fn}, ref, (m, n), np.float32, tol=1e-4, flops=flops,
-                         nbytes=nbytes, warmup=warmup, repeats=repeats, peaks=peaks,
-                         print_table=False)
-        results.extend(r)
-
-    for name, (launch, _) in versions.items():
-        slow = name.startswith(("3", "4")) and m * n * k >= 2048**3
-        one(name, lambda out, launch=launch: launch(a, b, out), slow=slow)
-    launch, shape = tuned
-    one("11 autotuned v10 {}x{} BK{} {}x{} mb{}".format(*shape),
-        lambda out: launch(a, b, out))
-    if cublas_available():
-        one("cuBLAS SGEMM (torch, TF32 off)", cublas_matmul(a, b))
-        cub = results[-1].tflops
-        for r in results:
-            r.extra["fraction_of_cublas"] = (r.tflops / cub) if (r.tflops and cub) else None
+        results += run_versions({label: launcher}, (a, b), ref, (m, n), np.float32, tol=TOL,
+                                flops=flops, nbytes=nbytes, warmup=warmup, repeats=repeats,
+                                peaks=peaks, print_table=False)
     return results
 
 
-def print_results(size, results):
-    m, n, k = size
-    print(format_table(results, title=f"SGEMM {m}x{n}x{k} (FP32, row-major)"))
-    if any("fraction_of_cublas" in r.extra for r in results):
-        print("  % of cuBLAS measured in this run:")
-        for r in results:
-            f = r.extra.get("fraction_of_cublas")
-            if f is not None:
-                print(f"    {r.name:<44} {r.tflops:7.2f} TFLOP/s  {100 * f:6.1f} %")
-
-
-def plot(all_results, path, device):
-    """Grouped bars: TFLOP/s per version per size; returns the path or None."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    sizes = list(all_results)
-    names = []
-    for res in all_results.values():
-        for r in res:
-            if r.tflops is not None and r.name not in names:
-                names.append(r.name)
-    if not names:
-        return None
-    fig, ax = plt.subplots(figsize=(11, 5))
-    width = 0.8 / max(len(sizes), 1)
-    for s_i, size in enumerate(sizes):
-        by_name = {r.name: r.tflops for r in all_results[size]}
-        xs = [i + s_i * width for i in range(len(names))]
-        ax.bar(xs, [by_name.get(nm) or 0 for nm in names], width,
-               label="x".join(map(str, size)))
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
-    ax.set_xticklabels([nm.split(" (")[0][:28] for nm in names], rotation=35, ha="right",
-                       fontsize=8)
-    ax.set_ylabel("TFLOP/s (FP32)")
-    ax.set_yscale("log")
-    ax.set_title(f"SGEMM versions vs cuBLAS on {device}")
-    ax.legend(title="M x N x K")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default=None,
+    parser = script_parser(__doc__, CHAPTER)
+    parser.add_argument("--sizes", type=tools.parse_sizes, default=None,
                         help="comma list of N (square) or MxNxK; default 1024,2048,4096 "
                              "on a GPU, 33x20x17 in the simulator")
     parser.add_argument("--quick", action="store_true",
-                        help="one size (1024), 2 tile shapes, few repeats")
+                        help="one size (1024), 2 tile shapes for version 11, few repeats")
     parser.add_argument("--tune-size", type=int, default=None,
-                        help="square size the autotuner times at (default: the largest of "
-                             "--sizes, at most 4096; 1024 with --quick)")
-    parser.add_argument("--only", default=None,
-                        help="comma list of version numbers to run, e.g. 9,10,11 (default all)")
-    parser.add_argument("--out", default="runs/08_faster_matmul", help="folder for JSON and PNG")
-    parser.add_argument("--seed", type=int, default=0)
+                        help="square size version 11 picks its tile at (default: the largest "
+                             "of --sizes, at most 4096; 1024 with --quick)")
+    parser.add_argument("--only", type=tools.parse_numbers, default=None,
+                        help="comma list of GPU versions (3-11) to run, e.g. 9,10,11; "
+                             "default all (versions 1-2 and cuBLAS always run)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
     default_sizes = pick(gpu="1024" if args.quick else "1024,2048,4096", simulator="33x20x17")
-    sizes = parse_sizes(args.sizes or default_sizes)
+    sizes = args.sizes or tools.parse_sizes(default_sizes)
     peaks = device_peaks()
     device = peaks.get("device", "?")
-    print(f"device: {device}; cuBLAS {'available' if cublas_available() else 'NOT available'}"
+    with_cublas = tools.cublas_available()
+    print(f"device: {device}; cuBLAS {'available' if with_cublas else 'NOT available'}"
           + (" (simulator: correctness only)" if is_simulator() else ""))
+    print(f"every version is checked against the float64 product (relative error <= {TOL}), "
+          "then timed")
 
-    only = set(args.only.split(",")) if args.only else None
-    shapes = TUNE_SHAPES[:2] if args.quick else TUNE_SHAPES
-    largest = max(min(max(s), 4096) for s in sizes)
-    ts = args.tune_size or pick(gpu=1024 if args.quick else largest, simulator=None)
-    tm, tn, tk = (ts, ts, ts) if ts else (32, 16, 24)  # simulator: divides both tile shapes
-    launch, shape, tune_results = autotune(shapes, tm, tn, tk, rng,
-                                           repeats=5 if args.quick else 10)
-    print("autotuner picked BM{} BN{} BK{} TM{} TN{} minblocks{}".format(*shape))
+    versions = [v for v in gpu_versions() if args.only is None or v.number in args.only]
+    tuned_tile, tune_results = None, []
+    if args.only is None or 11 in args.only:
+        largest = max(min(max(s), 4096) for s in sizes)
+        ts = args.tune_size or pick(gpu=1024 if args.quick else largest, simulator=None)
+        # simulator: 32 x 16 x 24 divides both of its tile shapes
+        tune_size = (ts, ts, ts) if ts else (32, 16, 24)
+        tuned, tune_results = autotune(TUNE_SHAPES[:2] if args.quick else TUNE_SHAPES,
+                                       tune_size, rng, repeats=5 if args.quick else 10)
+        tuned_tile = asdict(tuned.tile)
+        print(f"autotuner picked {tuned.tile} mb{tuned.tile.min_blocks}")
+        versions.append(tuned)
 
-    versions = {name: v for name, v in gpu_versions().items()
-                if only is None or name.split()[0] in only}
     all_results = {}
     for size in sizes:
-        res = run_size(*size, versions, (launch, shape), rng, peaks, args.quick)
-        print_results(size, res)
-        all_results[size] = res
+        results = run_size(size, versions, with_cublas, rng, peaks, args.quick)
+        tools.add_fraction_of_cublas(results)
+        tools.print_results(size, results)
+        all_results[size] = results
 
-    print("compiler report (what the register tiles became):")
-    reports = []
-    for name, (_, k) in list(versions.items())[-3:]:
-        reports.append(compiler_report(k, name))
-        print_compiler_report(reports[-1])
-    for kern, what in zip(launch.kernels, ("unguarded", "guarded")):
-        reports.append(compiler_report(kern, f"11 autotuned ({what} kernel)"))
-        print_compiler_report(reports[-1])
+    # what the register tiles of versions 8-11 became (nothing in the simulator)
+    reports = [tools.compiler_report(kernel, v.label)
+               for v in versions if v.number >= 8 for kernel in v.kernels]
+    tools.print_compiler_reports(reports)
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    flat = [r for res in all_results.values() for r in res]
-    for size, res in all_results.items():
-        for r in res:
+    for size, results in all_results.items():
+        for r in results:
             r.extra["size"] = list(size)
-    write_json(flat + tune_results, out / "matmul.json", device=device,
-               runtime="simulator" if is_simulator() else "gpu",
-               tuned_shape=list(shape), compiler=reports,
-               sgemm_peak_tflops=peaks.get("sgemm_tflops"))
-    png = plot(all_results, out / "matmul.png", device)
-    print(f"wrote {out / 'matmul.json'}" + (f" and {png}" if png else ""))
-    best = _best_fraction(all_results)
-    if best:
-        print("best hand-written kernel vs cuBLAS: " + json.dumps(best))
-    return all_results
-
-
-def _best_fraction(all_results):
-    """{size: (best version, % of cuBLAS)} for the kernels of this file."""
-    out = {}
-    for size, res in all_results.items():
-        ours = [r for r in res if r.extra.get("fraction_of_cublas") and "cuBLAS" not in r.name]
-        if ours:
-            b = max(ours, key=lambda r: r.extra["fraction_of_cublas"])
-            out["x".join(map(str, size))] = [b.name, round(100 * b.extra["fraction_of_cublas"], 1)]
-    return out
+    flat = [r for results in all_results.values() for r in results]
+    save_results(flat + tune_results, args.out, "matmul",
+                 tuned_tile=tuned_tile,
+                 compiler=[r for r in reports if r],
+                 sgemm_peak_tflops=peaks.get("sgemm_tflops"))
+    png = tools.plot(all_results, args.out / "matmul.png", device)
+    if png:
+        print(f"wrote {png}")
+    tools.print_best_fraction(all_results)
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except CheckError as exc:
-        print(f"CHECK FAILED: {exc}", file=sys.stderr)
-        raise SystemExit(1) from exc
+    run_script(main)

@@ -12,14 +12,14 @@ are stored too, so the sample can be traced back to the official files.
 """
 
 # isort: off
-import common  # noqa: F401  (first: picks GPU or simulator before numba is imported)
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 # isort: on
 import argparse
 from pathlib import Path
 
 import numpy as np
 
-from final_project.data import SAMPLE_PATH, read_idx
+from final_project.datasets import SAMPLE_PATH, read_idx
 
 N_TRAIN, N_TEST, SEED = 1700, 300, 0
 

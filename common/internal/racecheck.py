@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from .checking import CheckError
+from ..checking import CheckError
 
 ENABLED = os.environ.get("COURSE_RACECHECK", "1").strip() not in ("0", "off", "no", "false")
 

@@ -59,9 +59,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .checking import CheckError
+from ..checking import CheckError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO_ROOT / ".pytest_cache" / "float32_purity"
 _CACHE_VERSION = "3"  # bump when the analysis changes, so old cached verdicts are dropped
 _TYPING_CC = (8, 0)  # any compute capability gives the same types; 8.0 has every intrinsic used
@@ -219,7 +219,7 @@ class _Helper:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "common.float32_purity", "--helper"], cwd=REPO_ROOT, env=env,
+            [sys.executable, "-m", "common.internal.float32_purity", "--helper"], cwd=REPO_ROOT, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
 
     def alive(self) -> bool:
@@ -393,12 +393,13 @@ def assert_float32_pure(kernel: Any, argtypes: Sequence[Any]) -> None:
 
 
 def _launch_site() -> tuple[str, int] | None:
-    """The first frame outside numba and this module: the line that launched."""
+    """The first frame outside numba and the course's common/ package: the line
+    that launched."""
     frame = sys._getframe(2)
-    here = Path(__file__).resolve().parent
+    course_common = Path(__file__).resolve().parents[1]
     while frame is not None:
         file = frame.f_code.co_filename
-        if "numba" not in Path(file).parts and Path(file).resolve().parent != here:
+        if "numba" not in Path(file).parts and course_common not in Path(file).resolve().parents:
             return file, frame.f_lineno
         frame = frame.f_back
     return None
@@ -411,7 +412,7 @@ def recording_launches() -> Iterator[list[tuple[Any, tuple[Any, ...], tuple[str,
     Works in the simulator (wraps ``FakeCUDAKernel.__call__``) and on a GPU (wraps
     ``CUDADispatcher.call``); device-function calls are not launches and are not recorded.
     """
-    from .runtime import is_simulator
+    from ..runtime import is_simulator
 
     launches: list[tuple[Any, tuple[Any, ...], tuple[str, int] | None]] = []
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS_DIR = REPO_ROOT / "chapters"
 NOT_ATTEMPTED = "not attempted yet"
 LEARNER_ID = "learner"
@@ -145,9 +145,10 @@ def _raise_hint(path: Path, line: int) -> str:
     body = list(fn.body) if fn is not None else []
     if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0].value, "value", None), str):
         body = body[1:]  # the docstring
-    others = [s for s in body
-              if not isinstance(s, ast.Pass) and not s.lineno <= line <= (s.end_lineno or s.lineno)]
-    if others:
+    # Code above the raise is the learner's; code below it can be the stub's own
+    # template (a launch line to complete), so only code above means "written".
+    written = [s for s in body if not isinstance(s, ast.Pass) and (s.end_lineno or s.lineno) < line]
+    if written:
         return f"{where} still raises NotImplementedError: delete that line once your code is written"
     return f"{where} raises NotImplementedError: replace that line with your code"
 

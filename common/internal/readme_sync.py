@@ -8,7 +8,7 @@ right before a fenced code block::
     ...the source of vector_add_naive, decorators included...
     ```
 
-The path is relative to the README's folder. ``python -m common.readme_sync``
+The path is relative to the README's folder. ``python -m common.internal.readme_sync``
 rewrites every such block from the source; ``--check`` (used by the tests)
 exits 1 and names each block that differs. So the code in the notes is the code
 the tests run (numba-cuda's own docs work the same way).
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     if args.check and problems:
-        print("run: python -m common.readme_sync", file=sys.stderr)
+        print("run: python -m common.internal.readme_sync", file=sys.stderr)
         return 1
     return 0
 

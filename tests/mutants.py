@@ -1,0 +1,23 @@
+"""Deliberately broken copies of a kernel, for tests that a check catches the bug.
+
+Shared by several test modules (a helper module, not a test module: test
+modules never import each other).
+"""
+
+import inspect
+import textwrap
+
+
+def mutant(kernel, *edits: tuple[str, str]):
+    """A copy of ``kernel`` (a ``@cuda.jit`` kernel or a kernel factory) with each
+    (old, new) source edit applied: the small bug a check must catch (``>=`` for
+    ``>``, a dropped ``+ eps``), kept in step with the real kernel's source.
+    Each ``old`` must occur exactly once."""
+    fn = getattr(kernel, "py_func", kernel)
+    src = textwrap.dedent(inspect.getsource(fn))
+    for old, new in edits:
+        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
+        src = src.replace(old, new)
+    namespace = dict(fn.__globals__)
+    exec(compile(src, f"<mutant of {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
