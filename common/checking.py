@@ -65,12 +65,15 @@ def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any 
     """
     __tracebackhide__ = True
     if isinstance(a, np.ndarray):
-        raise TypeError(f"{name} is a host (NumPy) array; copy it to the GPU first: "
-                        f"{name}_dev = cuda.to_device(np.ascontiguousarray({name}))")
+        raise TypeError(
+            f"{name} is a host (NumPy) array; copy it to the GPU first: "
+            f"{name}_dev = cuda.to_device(np.ascontiguousarray({name}))"
+        )
     if not hasattr(a, "copy_to_host"):
         if not hasattr(a, "__cuda_array_interface__"):
-            raise TypeError(f"{name} must be a device array (cuda.to_device(...)), "
-                            f"got {type(a).__name__}")
+            raise TypeError(
+                f"{name} must be a device array (cuda.to_device(...)), got {type(a).__name__}"
+            )
         from numba import cuda
 
         a = cuda.as_cuda_array(a)
@@ -167,17 +170,23 @@ def _unwritten_causes(unwritten: np.ndarray) -> list[str]:
         if unwritten.sum() == rows.sum() * unwritten.shape[1]:
             k = _tail_start(rows)
             if k is not None:
-                return [f"rows {k} and up were never written: the grid does not cover "
-                        "every row (ceil_div for the y blocks? rows are the y index)"]
+                return [
+                    f"rows {k} and up were never written: the grid does not cover "
+                    "every row (ceil_div for the y blocks? rows are the y index)"
+                ]
         if unwritten.sum() == cols.sum() * unwritten.shape[0]:
             k = _tail_start(cols)
             if k is not None:
-                return [f"columns {k} and up were never written: the grid does not cover "
-                        "every column (ceil_div for the x blocks? columns are the x index)"]
+                return [
+                    f"columns {k} and up were never written: the grid does not cover "
+                    "every column (ceil_div for the x blocks? columns are the x index)"
+                ]
     k = _tail_start(flat)
     if k is not None:
-        return [f"elements {k} and up were never written: the grid stops short "
-                "(launch ceil_div(n, threads) blocks, or loop with a grid stride)"]
+        return [
+            f"elements {k} and up were never written: the grid stops short "
+            "(launch ceil_div(n, threads) blocks, or loop with a grid stride)"
+        ]
     return []
 
 
@@ -187,22 +196,29 @@ def _pattern_causes(o: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> l
     Each test is one the wrong answer fits exactly and a random right answer
     does not; none is run on fewer than 4 elements.
     """
+
     def close(a: np.ndarray, b: np.ndarray) -> bool:
         return a.size > 0 and bool(np.all(np.isclose(a, b, rtol=rtol, atol=atol)))
 
     if o.size < 4 or not np.all(np.isfinite(o)) or close(o, r):
         return []
     if o.ndim == 2 and o.shape[0] == o.shape[1] and close(o, r.T):
-        return ["the output is the transpose of the expected one: rows and columns "
-                "swapped? (cuda.grid(2) returns (x, y): x walks columns, y rows)"]
+        return [
+            "the output is the transpose of the expected one: rows and columns "
+            "swapped? (cuda.grid(2) returns (x, y): x walks columns, y rows)"
+        ]
     diff = o - r
     if close(diff, np.full_like(diff, diff.flat[0])):
-        return [f"every element is off by the same {diff.flat[0]:.6g}: a constant term wrong or missing?"]
+        return [
+            f"every element is off by the same {diff.flat[0]:.6g}: a constant term wrong or missing?"
+        ]
     nonzero = np.abs(r) > atol
     if nonzero.sum() >= 2:
         ratio = o[nonzero] / r[nonzero]
         if close(ratio, np.full_like(ratio, ratio[0])) and close(o, ratio[0] * r):
-            return [f"every element is {ratio[0]:.6g} times the expected one: a scale factor wrong or missing?"]
+            return [
+                f"every element is {ratio[0]:.6g} times the expected one: a scale factor wrong or missing?"
+            ]
     if o.ndim != 1:
         return []
     # Below, a pattern counts only if the reference does not have it too (a
@@ -211,23 +227,29 @@ def _pattern_causes(o: np.ndarray, r: np.ndarray, rtol: float, atol: float) -> l
     for p in _powers_of_two(n - 1):
         repeat = np.arange(n) % p
         if p >= 4 and close(o, r[repeat]) and not close(r, r[repeat]):
-            return [f"out[i] equals the expected out[i % {p}]: every block of {p} threads redid "
-                    "block 0's elements (an index from cuda.threadIdx.x alone? use cuda.grid(1))"]
+            return [
+                f"out[i] equals the expected out[i % {p}]: every block of {p} threads redid "
+                "block 0's elements (an index from cuda.threadIdx.x alone? use cuda.grid(1))"
+            ]
     for s in [1, -1, 2, -2] + [v for p in _powers_of_two(n // 2) if p > 2 for v in (p, -p)]:
         if n - abs(s) >= max(2, n // 2):
             a = abs(s)
             shifted = close(o[:-a], r[a:]) if s > 0 else close(o[a:], r[:-a])
             if shifted and not close(r[:-a], r[a:]):
                 what = "off by one" if a == 1 else f"off by {a} (a block's worth?)"
-                return [f"out[i] holds the expected out[i {'+' if s > 0 else '-'} {a}]: an index {what}"]
+                return [
+                    f"out[i] holds the expected out[i {'+' if s > 0 else '-'} {a}]: an index {what}"
+                ]
     for p in reversed(_powers_of_two(n - 1)):
         if p < 8:
             break
         # diff constant within each run of p elements (the last run may be short)
         starts = diff[np.arange(n) // p * p]
         if close(diff, starts):
-            return [f"the error is one constant for each run of {p} elements (one per block of "
-                    f"{p}?): a per-block term is missing or wrong (the sum of the earlier blocks?)"]
+            return [
+                f"the error is one constant for each run of {p} elements (one per block of "
+                f"{p}?): a per-block term is missing or wrong (the sum of the earlier blocks?)"
+            ]
     return []
 
 
@@ -239,11 +261,15 @@ def _count_causes(o: np.ndarray, r: np.ndarray) -> list[str]:
     bad = o != r
     total = "" if o.size == 1 else f"the counts sum to {got}, expected {want}: "
     if np.all(o[bad] < r[bad]):
-        return [f"{total}{want - got} increments were lost or never made: a race (use "
-                "cuda.atomic.add)? or elements the grid never reached?"]
+        return [
+            f"{total}{want - got} increments were lost or never made: a race (use "
+            "cuda.atomic.add)? or elements the grid never reached?"
+        ]
     if np.all(o[bad] > r[bad]):
-        return [f"{total}{got - want} too many: elements counted twice (overlapping "
-                "grid-stride ranges? a wrong comparison?)"]
+        return [
+            f"{total}{got - want} too many: elements counted twice (overlapping "
+            "grid-stride ranges? a wrong comparison?)"
+        ]
     return []
 
 
@@ -255,8 +281,10 @@ def likely_cause(error: BaseException) -> str | None:
     the same kernel writes out of bounds silently.
     """
     if isinstance(error, IndexError) and "tid=" in str(error):
-        return ("likely cause: a thread indexed past the end of an array; threads "
-                "past the end must do nothing (a bounds check such as `if i < out.size:`)")
+        return (
+            "likely cause: a thread indexed past the end of an array; threads "
+            "past the end must do nothing (a bounds check such as `if i < out.size:`)"
+        )
     return None
 
 
@@ -287,14 +315,18 @@ def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
         if o.size == 1:
             msg = f"{name}: got {o[idx].item()!r}, expected {r[idx].item()!r}"
         else:
-            msg = (f"{name}: {int(bad.sum())} of {o.size} elements differ; first at index "
-                   f"{idx}: got {o[idx].item()!r}, expected {r[idx].item()!r}")
+            msg = (
+                f"{name}: {int(bad.sum())} of {o.size} elements differ; first at index "
+                f"{idx}: got {o[idx].item()!r}, expected {r[idx].item()!r}"
+            )
         causes: list[str] = []
         if o.dtype.kind in "iu":
             unwritten = o == poison_value(o.dtype)
             if unwritten.any() and not (r == poison_value(o.dtype)).any():
-                msg += (f"; {int(unwritten.sum())} of {o.size} elements still hold the poison "
-                        f"value {poison_value(o.dtype)} (never written?)")
+                msg += (
+                    f"; {int(unwritten.sum())} of {o.size} elements still hold the poison "
+                    f"value {poison_value(o.dtype)} (never written?)"
+                )
                 causes = _unwritten_causes(unwritten)
             elif r.dtype.kind in "iu":
                 causes = _count_causes(o.astype(np.int64), r.astype(np.int64))
@@ -382,8 +414,9 @@ class Guarded:
         outside = self.outside_values()
         poison = np.full(1, poison_value(outside.dtype), dtype=outside.dtype)
         # Compare bits, not values: NaN != NaN, and a computed NaN is not poison.
-        return bool(np.all(outside.view(np.uint8).reshape(outside.size, -1)
-                           == poison.view(np.uint8)))
+        return bool(
+            np.all(outside.view(np.uint8).reshape(outside.size, -1) == poison.view(np.uint8))
+        )
 
     def check_untouched(self, name: str = "output") -> None:
         """Raise CheckError if the kernel wrote outside ``array``, saying where."""
@@ -392,13 +425,19 @@ class Guarded:
             return
         outside = self.outside_values()
         poison = np.full(1, poison_value(outside.dtype), dtype=outside.dtype)
-        written = ~np.all(outside.view(np.uint8).reshape(outside.size, -1)
-                          == poison.view(np.uint8), axis=1)
+        written = ~np.all(
+            outside.view(np.uint8).reshape(outside.size, -1) == poison.view(np.uint8), axis=1
+        )
         before = int(written[: self._start].sum())
         after = int(written[self._start :].sum())
-        where = ", ".join(part for part in (
-            f"{before} cells before its start" if before else "",
-            f"{after} cells past its end" if after else "") if part)
+        where = ", ".join(
+            part
+            for part in (
+                f"{before} cells before its start" if before else "",
+                f"{after} cells past its end" if after else "",
+            )
+            if part
+        )
         raise CheckError(
             f"{name}: the kernel wrote outside the output array ({where}): missing "
             "bounds check? threads past the end must do nothing"

@@ -138,25 +138,36 @@ def static_findings(vers: dict[str, str | None]) -> list[Finding]:
     """Breakages visible from versions and imports alone."""
     found: list[Finding] = []
     np_v, nc_v = vers.get("numpy"), vers.get("numba-cuda")
-    if np_v and nc_v and nc_v.startswith("0.30") and tuple(int(x) for x in np_v.split(".")[:2]) >= (2, 5):
-        found.append(Finding(
-            f"numpy {np_v} with numba-cuda {nc_v}: numba-cuda 0.30 uses np.row_stack, "
-            "removed in numpy 2.5, so no kernel compiles",
-            'pip install "numpy>=2.0,<2.5"',
-        ))
+    if (
+        np_v
+        and nc_v
+        and nc_v.startswith("0.30")
+        and tuple(int(x) for x in np_v.split(".")[:2]) >= (2, 5)
+    ):
+        found.append(
+            Finding(
+                f"numpy {np_v} with numba-cuda {nc_v}: numba-cuda 0.30 uses np.row_stack, "
+                "removed in numpy 2.5, so no kernel compiles",
+                'pip install "numpy>=2.0,<2.5"',
+            )
+        )
     if nc_v is None:
-        found.append(Finding(
-            "numba-cuda is not installed: numba's built-in numba.cuda is deprecated "
-            "and not what this course targets",
-            'pip install "numba-cuda>=0.30,<0.31"   (GPU: ' + CU_EXTRA + ")",
-        ))
+        found.append(
+            Finding(
+                "numba-cuda is not installed: numba's built-in numba.cuda is deprecated "
+                "and not what this course targets",
+                'pip install "numba-cuda>=0.30,<0.31"   (GPU: ' + CU_EXTRA + ")",
+            )
+        )
     else:
         if "numba_cuda" not in (cuda.__file__ or ""):
-            found.append(Finding(
-                f"numba.cuda was loaded from {cuda.__file__}, numba's built-in "
-                "(deprecated) copy, instead of the numba-cuda package",
-                'pip uninstall -y numba-cuda && pip install "numba-cuda>=0.30,<0.31"',
-            ))
+            found.append(
+                Finding(
+                    f"numba.cuda was loaded from {cuda.__file__}, numba's built-in "
+                    "(deprecated) copy, instead of the numba-cuda package",
+                    'pip uninstall -y numba-cuda && pip install "numba-cuda>=0.30,<0.31"',
+                )
+            )
     return found
 
 
@@ -167,26 +178,32 @@ def toolkit_findings() -> list[Finding]:
         from cuda import pathfinder
     except ImportError:
         return [Finding("cuda-pathfinder (a numba-cuda dependency) is missing", CU_EXTRA)]
-    for lib, why in (("nvrtc", "compiles CUDA C++ and reports the toolkit version"),
-                     ("nvvm", "turns Numba's LLVM IR into PTX"),
-                     ("nvJitLink", "links PTX and LTO-IR")):
+    for lib, why in (
+        ("nvrtc", "compiles CUDA C++ and reports the toolkit version"),
+        ("nvvm", "turns Numba's LLVM IR into PTX"),
+        ("nvJitLink", "links PTX and LTO-IR"),
+    ):
         try:
             pathfinder.load_nvidia_dynamic_lib(lib)
         except Exception as exc:  # pathfinder raises its own DynamicLibNotFound
-            found.append(Finding(
-                f"{lib} not found ({why}): {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
-                CU_EXTRA,
-                fatal=lib != "nvJitLink",
-            ))
+            found.append(
+                Finding(
+                    f"{lib} not found ({why}): {type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                    CU_EXTRA,
+                    fatal=lib != "nvJitLink",
+                )
+            )
     driver_v, toolkit_v = _driver_and_toolkit()
     if driver_v and toolkit_v and driver_v < toolkit_v:
-        found.append(Finding(
-            f"the driver supports CUDA {driver_v[0]}.{driver_v[1]} but the toolkit is "
-            f"{toolkit_v[0]}.{toolkit_v[1]}: PTX it produces may be refused "
-            "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
-            f'update the NVIDIA driver, or install the toolkit matching it: pip install -U "numba-cuda[cu{driver_v[0]}]"',
-            fatal=False,
-        ))
+        found.append(
+            Finding(
+                f"the driver supports CUDA {driver_v[0]}.{driver_v[1]} but the toolkit is "
+                f"{toolkit_v[0]}.{toolkit_v[1]}: PTX it produces may be refused "
+                "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION)",
+                f'update the NVIDIA driver, or install the toolkit matching it: pip install -U "numba-cuda[cu{driver_v[0]}]"',
+                fatal=False,
+            )
+        )
     return found
 
 
@@ -196,14 +213,20 @@ def _classify(exc: BaseException) -> Finding:
     if "row_stack" in text:
         return Finding(f"kernel compile failed: {first}", 'pip install "numpy>=2.0,<2.5"')
     if "PTX" in text and ("VERSION" in text.upper() or "unsupported" in text.lower()):
-        return Finding(f"the driver refused the compiled PTX: {first}",
-                       "update the NVIDIA driver, or install the toolkit matching it: " + CU_EXTRA)
+        return Finding(
+            f"the driver refused the compiled PTX: {first}",
+            "update the NVIDIA driver, or install the toolkit matching it: " + CU_EXTRA,
+        )
     if any(k in text for k in ("nvrtc", "NVRTC", "nvvm", "NVVM", "nvJitLink", "libdevice")):
         return Finding(f"a CUDA toolkit library is missing: {first}", CU_EXTRA)
     if "CUDA_ERROR_NO_DEVICE" in text or "no CUDA-capable device" in text:
-        return Finding(f"no GPU visible: {first}",
-                       "check nvidia-smi; or run without a GPU: NUMBA_ENABLE_CUDASIM=1")
-    return Finding(f"a test kernel failed: {first}", "run with NUMBA_CUDA_LOG_LEVEL=DEBUG and read the error")
+        return Finding(
+            f"no GPU visible: {first}",
+            "check nvidia-smi; or run without a GPU: NUMBA_ENABLE_CUDASIM=1",
+        )
+    return Finding(
+        f"a test kernel failed: {first}", "run with NUMBA_CUDA_LOG_LEVEL=DEBUG and read the error"
+    )
 
 
 # Module level, not nested in smoke_test: the simulator runs a kernel by swapping
@@ -224,15 +247,20 @@ def smoke_test() -> Finding | None:
         _add[8, 128](cuda.to_device(a), cuda.to_device(b), out)
         got = out.copy_to_host()
         if not np.array_equal(got, a + b):
-            return Finding("a test kernel ran but gave wrong results", "report this with the doctor's output")
+            return Finding(
+                "a test kernel ran but gave wrong results", "report this with the doctor's output"
+            )
     except Exception as exc:
         return _classify(exc)
     return None
 
 
 _BYTE_VALUED = {
-    "MAX_SHARED_MEMORY_PER_BLOCK", "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
-    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", "L2_CACHE_SIZE", "TOTAL_CONSTANT_MEMORY",
+    "MAX_SHARED_MEMORY_PER_BLOCK",
+    "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "L2_CACHE_SIZE",
+    "TOTAL_CONSTANT_MEMORY",
 }
 
 
@@ -269,14 +297,18 @@ def report() -> int:
             findings.append(_classify(exc))
             attrs = None
         if attrs:
-            lines.append(f"device 0: {attrs['name']}  (compute capability "
-                         f"{attrs['compute_capability'][0]}.{attrs['compute_capability'][1]}, {attrs['uuid']})")
+            lines.append(
+                f"device 0: {attrs['name']}  (compute capability "
+                f"{attrs['compute_capability'][0]}.{attrs['compute_capability'][1]}, {attrs['uuid']})"
+            )
             lines.append(f"  {'global memory':<42} {attrs['total_memory_bytes'] / 2**30:.1f} GiB")
             for key, label in _ATTRIBUTES:
                 lines.append(f"  {label:<42} {_fmt_value(key, attrs.get(key))}")
             if "theoretical_bandwidth_gbps" in attrs:
-                lines.append(f"  {'theoretical memory bandwidth (GB/s)':<42} "
-                             f"{attrs['theoretical_bandwidth_gbps']:,.0f}")
+                lines.append(
+                    f"  {'theoretical memory bandwidth (GB/s)':<42} "
+                    f"{attrs['theoretical_bandwidth_gbps']:,.0f}"
+                )
         driver_v, toolkit_v = _driver_and_toolkit()
         lines.append(f"  {'CUDA driver version':<42} {_fmt_version(driver_v)}")
         lines.append(f"  {'CUDA toolkit (NVRTC) version':<42} {_fmt_version(toolkit_v)}")
@@ -289,8 +321,14 @@ def report() -> int:
         lines.append(("PROBLEM: " if f.fatal else "warning: ") + f.problem)
         lines.append("  fix: " + f.fix)
     ok = failure is None and not any(f.fatal for f in findings)
-    lines.append("verdict: " + ("ready -- kernels run on " + runtime.runtime_name() if ok
-                                else "kernels cannot run; apply the fixes above"))
+    lines.append(
+        "verdict: "
+        + (
+            "ready -- kernels run on " + runtime.runtime_name()
+            if ok
+            else "kernels cannot run; apply the fixes above"
+        )
+    )
     print("\n".join(lines))
     return 0 if ok else 1
 

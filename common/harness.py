@@ -84,8 +84,15 @@ def run_versions(
         out = poisoned(out_shape, out_dtype)
         launcher(*args, out)
         err = check(out, reference, tol=tol, name=name)
-        t = benchmark(partial(launcher, *args, out), name, nbytes=nbytes, flops=flops,
-                      warmup=warmup, repeats=repeats, peaks=peaks)
+        t = benchmark(
+            partial(launcher, *args, out),
+            name,
+            nbytes=nbytes,
+            flops=flops,
+            warmup=warmup,
+            repeats=repeats,
+            peaks=peaks,
+        )
         t.extra["rel_error"] = err
         results.append(t)
     if print_table:
@@ -99,8 +106,9 @@ def script_parser(doc: str, chapter: str) -> argparse.ArgumentParser:
     (default ``runs/<chapter>``). Add the script's own options, then parse."""
     parser = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     default = Path("runs") / chapter
-    parser.add_argument("--out", type=Path, default=default,
-                        help=f"folder for the JSON results (default {default})")
+    parser.add_argument(
+        "--out", type=Path, default=default, help=f"folder for the JSON results (default {default})"
+    )
     return parser
 
 
@@ -109,8 +117,14 @@ def save_results(results: Sequence[Timing], out: str | Path, name: str, **meta: 
     and the runtime; print and return the path."""
     path = Path(out) / f"{name}.json"
     peaks = device_peaks()
-    write_json(results, path, device=peaks.get("device"), copy_gbps=peaks.get("copy_gbps"),
-               runtime=runtime_name(), **meta)
+    write_json(
+        results,
+        path,
+        device=peaks.get("device"),
+        copy_gbps=peaks.get("copy_gbps"),
+        runtime=runtime_name(),
+        **meta,
+    )
     print(f"wrote {path}")
     return path
 

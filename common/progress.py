@@ -44,7 +44,14 @@ TESTS_DIR = exercises.REPO_ROOT / "tests"
 
 # Labels, in the order a learner should act on them.
 LOAD_ERROR, FAIL, NOT_ATTEMPTED, PENDING, SKIPPED, NEEDS_GPU, PASS = (
-    "not checked", "FAIL", "not attempted", "pending", "skipped", "needs a GPU", "pass")
+    "not checked",
+    "FAIL",
+    "not attempted",
+    "pending",
+    "skipped",
+    "needs a GPU",
+    "pass",
+)
 _PRIORITY = [LOAD_ERROR, FAIL, NOT_ATTEMPTED, PENDING, SKIPPED, PASS, NEEDS_GPU]
 
 
@@ -67,9 +74,13 @@ def _names_in_source(function: object, argname: str) -> set[str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))  # type: ignore[arg-type]
     except (OSError, TypeError, SyntaxError):
         return set()
-    return {node.attr for node in ast.walk(tree)
-            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-            and node.value.id == argname}
+    return {
+        node.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == argname
+    }
 
 
 def _one_line(report: pytest.TestReport) -> str:
@@ -103,8 +114,11 @@ class _Collector:
         for item in items:
             callspec = getattr(item, "callspec", None)
             params = callspec.params.items() if callspec else []
-            impls = [(arg, v) for arg, v in params
-                     if isinstance(v, Implementation) and v.which == "exercises"]
+            impls = [
+                (arg, v)
+                for arg, v in params
+                if isinstance(v, Implementation) and v.which == "exercises"
+            ]
             if impls:
                 arg, impl = impls[0]
                 names = _names_in_source(getattr(item, "function", None), arg)
@@ -208,7 +222,9 @@ def _judge(run: TestRun, exercises_of: dict[str, Exercise]) -> None:
             if culprit is None or name == culprit:
                 verdict[name] = (FAIL, note)
             else:
-                verdict[name] = unchecked(name, f"checked together with {number[culprit]}, which fails")
+                verdict[name] = unchecked(
+                    name, f"checked together with {number[culprit]}, which fails"
+                )
     elif run.outcome == SKIPPED and any(u.event == "not attempted" for u in run.uses):
         missing = [u for u in run.uses if u.event == "not attempted" and u.name in touched]
         for use in missing:
@@ -241,8 +257,11 @@ def report(runs: list[TestRun], out=None) -> dict[str, int]:
         load_errors = {note for ex in listed for lab, note in ex.verdicts if lab == LOAD_ERROR}
         for note in sorted(load_errors):
             print(textwrap.indent(note, "  "), file=out)
-            print("  fix this first: none of this chapter's exercises can be checked "
-                  "until exercises.py loads", file=out)
+            print(
+                "  fix this first: none of this chapter's exercises can be checked "
+                "until exercises.py loads",
+                file=out,
+            )
         for ex in listed:
             label = ex.label()
             counts[label] += 1
@@ -267,7 +286,9 @@ def _test_files(selected: list[str]) -> list[str]:
     for sel in selected:
         num = sel.split("_")[0]
         if not num.isdigit():
-            raise SystemExit(f"unknown chapter {sel!r}: give its number, e.g. 5 or 05_first_kernels")
+            raise SystemExit(
+                f"unknown chapter {sel!r}: give its number, e.g. 5 or 05_first_kernels"
+            )
         found = sorted(TESTS_DIR.glob(f"test_ch{int(num):02d}_*.py"))
         if not found:
             have = ", ".join(sorted(p.name for p in exercises.CHAPTERS_DIR.iterdir() if p.is_dir()))
@@ -278,14 +299,26 @@ def _test_files(selected: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("chapters", nargs="*", help="chapter numbers or folder names (default: all)")
+    parser.add_argument(
+        "chapters", nargs="*", help="chapter numbers or folder names (default: all)"
+    )
     args = parser.parse_args(argv)
     collector = _Collector()
     quiet = io.StringIO()
     with contextlib.redirect_stdout(quiet):
         pytest.main(
-            [*_test_files(args.chapters), "-q", "--tb=no", "-p", "no:cacheprovider",
-             "-p", "no:xdist", "-k", LEARNER_ID, "--continue-on-collection-errors"],
+            [
+                *_test_files(args.chapters),
+                "-q",
+                "--tb=no",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:xdist",
+                "-k",
+                LEARNER_ID,
+                "--continue-on-collection-errors",
+            ],
             plugins=[collector],
         )
     for error in collector.collect_errors:
@@ -295,15 +328,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     counts = report(list(collector.runs.values()))
     total = sum(counts.values())
-    parts = [f"{counts[FAIL]} fail" if counts[FAIL] != 1 else "1 fails",
-             f"{counts[NOT_ATTEMPTED]} not attempted yet"]
+    parts = [
+        f"{counts[FAIL]} fail" if counts[FAIL] != 1 else "1 fails",
+        f"{counts[NOT_ATTEMPTED]} not attempted yet",
+    ]
     for label in (PENDING, LOAD_ERROR, SKIPPED, NEEDS_GPU):
         if counts[label]:
             parts.append(f"{counts[label]} {label}")
     print(f"\n{counts[PASS]} of {total} exercises pass, " + ", ".join(parts))
     if counts[FAIL]:
-        print("run the command under a failing exercise for its details; "
-              "--seed replays the same random inputs")
+        print(
+            "run the command under a failing exercise for its details; "
+            "--seed replays the same random inputs"
+        )
     failed = counts[FAIL] or counts[LOAD_ERROR] or collector.collect_errors
     return 1 if failed else 0
 

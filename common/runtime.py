@@ -40,7 +40,6 @@ MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
 MAX_STATIC_SHARED_BYTES = 48 * 1024
 
 
-
 def _driver_gpu_count() -> int:
     """Number of CUDA devices the driver reports; 0 if no driver or it fails."""
     names = {

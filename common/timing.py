@@ -231,7 +231,9 @@ def measure_copy_gbps(nbytes: int = 1 << 30, repeats: int = 10) -> float:
         if torch.cuda.is_available():
             a = torch.arange(n, dtype=torch.float32, device="cuda")
             b = torch.empty_like(a)
-            best = min(best, benchmark(lambda: b.copy_(a), "copy", repeats=repeats, peaks={}).median_ms)
+            best = min(
+                best, benchmark(lambda: b.copy_(a), "copy", repeats=repeats, peaks={}).median_ms
+            )
     except ImportError:
         pass
     return 2 * n * 4 / (best * 1e-3) / 1e9
@@ -325,9 +327,7 @@ def format_table(results: Sequence[Timing], title: str | None = None) -> str:
     )
     lines.append(header)
     for r in results:
-        spread = (
-            "-" if r.p10_ms is None else f"{r.p10_ms:.4g}-{r.p90_ms:.4g}"
-        )
+        spread = "-" if r.p10_ms is None else f"{r.p10_ms:.4g}-{r.p90_ms:.4g}"
         pct_copy = r.fraction_of_copy_peak
         pct_mm = r.fraction_of_sgemm_peak
         lines.append(
@@ -379,10 +379,15 @@ class ReadmeFigures:
     def format(self) -> str:
         """The caption, then the table with aligned columns, for printing."""
         caption = self.caption[0].lower() + self.caption[1:]
-        lines = textwrap.wrap(f"GPU figures from {self.readme}: {caption}", width=100,
-                              subsequent_indent="  ", break_on_hyphens=False)
-        widths = [max(len(row[c]) for row in [self.header, *self.rows])
-                  for c in range(len(self.header))]
+        lines = textwrap.wrap(
+            f"GPU figures from {self.readme}: {caption}",
+            width=100,
+            subsequent_indent="  ",
+            break_on_hyphens=False,
+        )
+        widths = [
+            max(len(row[c]) for row in [self.header, *self.rows]) for c in range(len(self.header))
+        ]
         for row in [self.header, *self.rows]:
             lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         return "\n".join(lines)
@@ -408,11 +413,19 @@ def readme_figures(script: str | os.PathLike[str]) -> ReadmeFigures:
     except ValueError:
         shown = str(readme)
     lines = readme.read_text().splitlines() if readme.exists() else []
-    start = next((i for i, line in enumerate(lines)
-                  if (m := FIGURES_MARKER.match(line)) and m["script"] == path.name), None)
+    start = next(
+        (
+            i
+            for i, line in enumerate(lines)
+            if (m := FIGURES_MARKER.match(line)) and m["script"] == path.name
+        ),
+        None,
+    )
     if start is None:
-        raise LookupError(f"{shown}: no line '<!-- gpu-figures: {path.name} -->'; put one right "
-                          "before the 'Measured on an NVIDIA ...' paragraph of its table")
+        raise LookupError(
+            f"{shown}: no line '<!-- gpu-figures: {path.name} -->'; put one right "
+            "before the 'Measured on an NVIDIA ...' paragraph of its table"
+        )
     i = start + 1
     caption = []
     while i < len(lines) and lines[i].strip() and not lines[i].startswith("|"):
@@ -427,7 +440,10 @@ def readme_figures(script: str | os.PathLike[str]) -> ReadmeFigures:
         table.append([_MARKDOWN.sub("", c).strip() for c in lines[i].strip().strip("|").split("|")])
         i += 1
     if measured_on is None or len(table) < 3 or any(len(r) != len(table[0]) for r in table):
-        raise LookupError(f"{shown}:{start + 1}: the gpu-figures marker must be followed by a "
-                          "paragraph starting 'Measured on an NVIDIA <GPU>' and a markdown table")
-    return ReadmeFigures(readme=shown, gpu=measured_on["gpu"], caption=text,
-                         header=table[0], rows=table[2:])
+        raise LookupError(
+            f"{shown}:{start + 1}: the gpu-figures marker must be followed by a "
+            "paragraph starting 'Measured on an NVIDIA <GPU>' and a markdown table"
+        )
+    return ReadmeFigures(
+        readme=shown, gpu=measured_on["gpu"], caption=text, header=table[0], rows=table[2:]
+    )

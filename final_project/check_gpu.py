@@ -51,38 +51,50 @@ from final_project.model import NetConfig, NumbaCNN
 # (at batch 64 the float32 accumulator gives only 4.1e-6). SUM_TOL sits about a
 # factor 3 from the worst correct kernel and from the best wrong one.
 SUM_TOL = 2e-6
-LONG_SUMS = ("conv2d grad weight", "conv2d grad bias", "batchnorm grad weight",
-             "batchnorm grad bias")
+LONG_SUMS = (
+    "conv2d grad weight",
+    "conv2d grad bias",
+    "batchnorm grad weight",
+    "batchnorm grad bias",
+)
 
 
 def _hold_long_sums(errs: dict[str, float], where: str) -> dict[str, float]:
     """Raise CheckError if a batch-long sum in ``errs`` errs by more than SUM_TOL."""
     for name, err in errs.items():
         if name in LONG_SUMS and err > SUM_TOL:
-            raise CheckError(f"{where} {name}: relative error {err:.3g} > {SUM_TOL:g}, the "
-                             "bound for sums over the batch (a float32 accumulator?)")
+            raise CheckError(
+                f"{where} {name}: relative error {err:.3g} > {SUM_TOL:g}, the "
+                "bound for sums over the batch (a float32 accumulator?)"
+            )
     return errs
 
 
-def check_fast_conv_grad_weight(rng, n: int, c_in: int, c_out: int, h: int, w: int
-                                ) -> dict[str, float]:
+def check_fast_conv_grad_weight(
+    rng, n: int, c_in: int, c_out: int, h: int, w: int
+) -> dict[str, float]:
     """FastCNN's weight-gradient kernel (split-K implicit GEMM, default tiles)
     for a 3x3 'same' convolution of x (n, c_in, h, w), against the float64
     reference, held to SUM_TOL."""
     x = random_array((n, c_in, h, w), np.float32, rng)
     dout = random_array((n, c_out, h, w), np.float32, rng)
-    _, cache = reference.conv2d_forward(x.astype(np.float64),
-                                        np.zeros((c_out, c_in, 3, 3)), np.zeros(c_out), 1)
+    _, cache = reference.conv2d_forward(
+        x.astype(np.float64), np.zeros((c_out, c_in, 3, 3)), np.zeros(c_out), 1
+    )
     _, want_dw, want_db = reference.conv2d_backward(dout.astype(np.float64), cache)
     dw, db = guarded(want_dw.shape, np.float32), guarded(c_out, np.float32)
     partials = cuda.device_array(
-        FC.conv2d_grad_weight_igemm_partials_shape(n, h, w, c_out, c_in, 3), np.float32)
-    FC.conv2d_grad_weight_igemm(cuda.to_device(dout), cuda.to_device(x), 1, dw.array, db.array,
-                                partials)
+        FC.conv2d_grad_weight_igemm_partials_shape(n, h, w, c_out, c_in, 3), np.float32
+    )
+    FC.conv2d_grad_weight_igemm(
+        cuda.to_device(dout), cuda.to_device(x), 1, dw.array, db.array, partials
+    )
     dw.check_untouched("fast conv grad weight")
     db.check_untouched("fast conv grad bias")
-    return {"fast conv grad weight": check(dw.array, want_dw, SUM_TOL, "fast conv grad weight"),
-            "fast conv grad bias": check(db.array, want_db, SUM_TOL, "fast conv grad bias")}
+    return {
+        "fast conv grad weight": check(dw.array, want_dw, SUM_TOL, "fast conv grad weight"),
+        "fast conv grad bias": check(db.array, want_db, SUM_TOL, "fast conv grad bias"),
+    }
 
 
 def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
@@ -93,22 +105,44 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
     for batch in sorted({n, big}):
         b = "" if batch == n else f" b{batch}"
         for name, layer_errs in (
-                ("conv1", checks.check_conv2d(rng, batch, config.in_channels, config.c1, h, w)),
-                ("conv2", checks.check_conv2d(rng, batch, config.c1, config.c2, h // 2, w // 2)),
-                ("bn1", checks.check_batchnorm(rng, batch, config.c1, h, w)),
-                ("bn2", checks.check_batchnorm(rng, batch, config.c2, h // 2, w // 2))):
-            errs.update({f"{name}{b} {k}": v
-                         for k, v in _hold_long_sums(layer_errs, f"{name}{b}").items()})
-    errs.update({f"conv1 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
-        rng, big, config.in_channels, config.c1, h, w).items()})
-    errs.update({f"conv2 b{big} {k}": v for k, v in check_fast_conv_grad_weight(
-        rng, big, config.c1, config.c2, h // 2, w // 2).items()})
+            ("conv1", checks.check_conv2d(rng, batch, config.in_channels, config.c1, h, w)),
+            ("conv2", checks.check_conv2d(rng, batch, config.c1, config.c2, h // 2, w // 2)),
+            ("bn1", checks.check_batchnorm(rng, batch, config.c1, h, w)),
+            ("bn2", checks.check_batchnorm(rng, batch, config.c2, h // 2, w // 2)),
+        ):
+            errs.update(
+                {f"{name}{b} {k}": v for k, v in _hold_long_sums(layer_errs, f"{name}{b}").items()}
+            )
+    errs.update(
+        {
+            f"conv1 b{big} {k}": v
+            for k, v in check_fast_conv_grad_weight(
+                rng, big, config.in_channels, config.c1, h, w
+            ).items()
+        }
+    )
+    errs.update(
+        {
+            f"conv2 b{big} {k}": v
+            for k, v in check_fast_conv_grad_weight(
+                rng, big, config.c1, config.c2, h // 2, w // 2
+            ).items()
+        }
+    )
     errs.update(checks.check_relu(rng, (n, config.c1, h, w)))
     errs.update({f"pool1 {k}": v for k, v in checks.check_maxpool(rng, n, config.c1, h, w).items()})
-    errs.update({f"fc1 {k}": v for k, v in checks.check_linear(
-        rng, n, config.flat_features, config.hidden).items()})
-    errs.update({f"fc2 {k}": v for k, v in checks.check_linear(
-        rng, n, config.hidden, config.num_classes).items()})
+    errs.update(
+        {
+            f"fc1 {k}": v
+            for k, v in checks.check_linear(rng, n, config.flat_features, config.hidden).items()
+        }
+    )
+    errs.update(
+        {
+            f"fc2 {k}": v
+            for k, v in checks.check_linear(rng, n, config.hidden, config.num_classes).items()
+        }
+    )
     errs.update(checks.check_log_softmax_nll(rng, n, config.num_classes))
     errs.update(checks.check_sgd(rng, pick(gpu=500_000, simulator=100)))
     x, y = checks.random_batch(config, n, rng)
@@ -122,10 +156,18 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
     for batch in sorted({n, big}):
         x, y = checks.random_batch(config, batch, rng)
         model = FastCNN(config, max_batch=batch, seed=0)
-        errs.update({f"fast step b{batch} {k}": v for k, v in checks.check_train_step(
-            model, x, y, 0.1).items()})
-    errs.update({f"fast {k}": v for k, v in checks.check_eval_forward(
-        config, n, rng, model_cls=FastCNN).items()})
+        errs.update(
+            {
+                f"fast step b{batch} {k}": v
+                for k, v in checks.check_train_step(model, x, y, 0.1).items()
+            }
+        )
+    errs.update(
+        {
+            f"fast {k}": v
+            for k, v in checks.check_eval_forward(config, n, rng, model_cls=FastCNN).items()
+        }
+    )
     return errs
 
 
@@ -155,44 +197,90 @@ def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:
     # layer's forward and backward on those same tensors.
     forward()
     d = {"dlogits": model.criterion.backward()}
-    layers = [("conv1", model.conv1), ("bn1", model.bn1), ("relu1", model.relu1),
-              ("pool1", model.pool1), ("conv2", model.conv2), ("bn2", model.bn2),
-              ("relu2", model.relu2), ("pool2", model.pool2), ("fc1", model.fc1),
-              ("relu3", model.relu3), ("fc2", model.fc2)]
-    inputs = [x, model.conv1.out[:batch], model.bn1.out[:batch], model.relu1.out[:batch],
-              model.pool1.out[:batch], model.conv2.out[:batch], model.bn2.out[:batch],
-              model.relu2.out[:batch],
-              model.pool2.out[:batch].reshape((batch, config.flat_features)),
-              model.fc1.out[:batch], model.relu3.out[:batch]]
-    outs = [model.conv1.out, model.bn1.out, model.relu1.out, model.pool1.out, model.conv2.out,
-            model.bn2.out, model.relu2.out, model.pool2.out, model.fc1.out, model.relu3.out,
-            model.fc2.out]
-    d["douts"] = [cuda.to_device(rng.standard_normal(o[:batch].shape).astype(np.float32))
-                  for o in outs]
+    layers = [
+        ("conv1", model.conv1),
+        ("bn1", model.bn1),
+        ("relu1", model.relu1),
+        ("pool1", model.pool1),
+        ("conv2", model.conv2),
+        ("bn2", model.bn2),
+        ("relu2", model.relu2),
+        ("pool2", model.pool2),
+        ("fc1", model.fc1),
+        ("relu3", model.relu3),
+        ("fc2", model.fc2),
+    ]
+    inputs = [
+        x,
+        model.conv1.out[:batch],
+        model.bn1.out[:batch],
+        model.relu1.out[:batch],
+        model.pool1.out[:batch],
+        model.conv2.out[:batch],
+        model.bn2.out[:batch],
+        model.relu2.out[:batch],
+        model.pool2.out[:batch].reshape((batch, config.flat_features)),
+        model.fc1.out[:batch],
+        model.relu3.out[:batch],
+    ]
+    outs = [
+        model.conv1.out,
+        model.bn1.out,
+        model.relu1.out,
+        model.pool1.out,
+        model.conv2.out,
+        model.bn2.out,
+        model.relu2.out,
+        model.pool2.out,
+        model.fc1.out,
+        model.relu3.out,
+        model.fc2.out,
+    ]
+    d["douts"] = [
+        cuda.to_device(rng.standard_normal(o[:batch].shape).astype(np.float32)) for o in outs
+    ]
     for (name, layer), inp, dout in zip(layers, inputs, d["douts"]):
-        fwd = (lambda layer=layer, inp=inp: layer.forward(inp, True)) if name.startswith("bn") \
+        fwd = (
+            (lambda layer=layer, inp=inp: layer.forward(inp, True))
+            if name.startswith("bn")
             else (lambda layer=layer, inp=inp: layer.forward(inp))
+        )
         results.append(benchmark(fwd, f"b{batch} {name} forward", **kw))
         fwd()
-        results.append(benchmark(lambda layer=layer, dout=dout: layer.backward(dout),
-                                 f"b{batch} {name} backward", **kw))
-    results.append(benchmark(lambda: model.criterion.forward(model.fc2.out[:batch], y),
-                             f"b{batch} log-softmax NLL forward", **kw))
-    results.append(benchmark(model.criterion.backward, f"b{batch} log-softmax NLL backward",
-                             **kw))
+        results.append(
+            benchmark(
+                lambda layer=layer, dout=dout: layer.backward(dout),
+                f"b{batch} {name} backward",
+                **kw,
+            )
+        )
+    results.append(
+        benchmark(
+            lambda: model.criterion.forward(model.fc2.out[:batch], y),
+            f"b{batch} log-softmax NLL forward",
+            **kw,
+        )
+    )
+    results.append(benchmark(model.criterion.backward, f"b{batch} log-softmax NLL backward", **kw))
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/final_project", help="folder for check_gpu.json")
-    parser.add_argument("--batches", type=int, nargs="+", default=None,
-                        help="batch sizes to time (default 64 256 1024; simulator: 2)")
+    parser.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=None,
+        help="batch sizes to time (default 64 256 1024; simulator: 2)",
+    )
     parser.add_argument("--repeats", type=int, default=10, help="timed runs per measurement")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
-    config = pick(gpu=NetConfig(),
-                  simulator=NetConfig(height=8, width=8, c1=3, c2=4, hidden=8, num_classes=5))
+    config = pick(
+        gpu=NetConfig(), simulator=NetConfig(height=8, width=8, c1=3, c2=4, hidden=8, num_classes=5)
+    )
     n = pick(gpu=64, simulator=2)
     batches = args.batches or pick(gpu=[64, 256, 1024], simulator=[2])
     print(f"checking every layer and one train step at batch {n}, {config}")
@@ -204,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(k) for k in errs)
     for k, v in errs.items():
         print(f"  {k:<{width}}  {v:.2e}")
-    print(f"all {len(errs)} checks passed (largest {max(errs.values()):.2e}, tolerance {checks.TOL})")
+    print(
+        f"all {len(errs)} checks passed (largest {max(errs.values()):.2e}, tolerance {checks.TOL})"
+    )
 
     results = []
     for b in batches:
@@ -215,11 +305,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\nms per step by batch size:")
         for b in batches:
             step = next(r for r in results if r.name == f"b{b} whole train step")
-            print(f"  batch {b:>5}: {step.median_ms:8.3f} ms/step, "
-                  f"{b / step.median_ms * 1e3:10.0f} images/s")
+            print(
+                f"  batch {b:>5}: {step.median_ms:8.3f} ms/step, "
+                f"{b / step.median_ms * 1e3:10.0f} images/s"
+            )
     out = Path(args.out) / "check_gpu.json"
-    write_json(results, out, device=device_peaks()["device"], config=repr(config),
-               check_errors=errs)
+    write_json(
+        results, out, device=device_peaks()["device"], config=repr(config), check_errors=errs
+    )
     print(f"wrote {out}")
     return 0
 

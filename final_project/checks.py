@@ -47,9 +47,22 @@ def _run_guarded(shape, dtype, launch: Callable[[Any], None]) -> Any:
     return g.array
 
 
-def check_conv2d(rng, n, c_in, c_out, h, w, k=3, pad=1, *, forward=kernels.conv2d_forward,
-                 grad_input=kernels.conv2d_grad_input, grad_weight=kernels.conv2d_grad_weight,
-                 grad_bias=kernels.conv2d_grad_bias, tol=TOL) -> dict[str, float]:
+def check_conv2d(
+    rng,
+    n,
+    c_in,
+    c_out,
+    h,
+    w,
+    k=3,
+    pad=1,
+    *,
+    forward=kernels.conv2d_forward,
+    grad_input=kernels.conv2d_grad_input,
+    grad_weight=kernels.conv2d_grad_weight,
+    grad_bias=kernels.conv2d_grad_bias,
+    tol=TOL,
+) -> dict[str, float]:
     """Conv2d forward, grad input, grad weight, grad bias for x (n, c_in, h, w),
     w (c_out, c_in, k, k), stride 1, zero padding ``pad``."""
     x = random_array((n, c_in, h, w), np.float32, rng)
@@ -71,23 +84,36 @@ def check_conv2d(rng, n, c_in, c_out, h, w, k=3, pad=1, *, forward=kernels.conv2
     return errs
 
 
-def check_batchnorm(rng, n, c, h, w, eps=1e-5, momentum=0.1, *,
-                    forward_train=kernels.batchnorm_forward_train,
-                    backward=kernels.batchnorm_backward,
-                    forward_eval=kernels.batchnorm_forward_eval, tol=TOL) -> dict[str, float]:
+def check_batchnorm(
+    rng,
+    n,
+    c,
+    h,
+    w,
+    eps=1e-5,
+    momentum=0.1,
+    *,
+    forward_train=kernels.batchnorm_forward_train,
+    backward=kernels.batchnorm_backward,
+    forward_eval=kernels.batchnorm_forward_eval,
+    tol=TOL,
+) -> dict[str, float]:
     """Batchnorm training forward (y, running mean and unbiased running var),
     backward (dx, dgamma, dbeta) and evaluation forward. The input has a
     non-zero mean and non-unit scale per channel."""
     if n * h * w < 2:
         raise ValueError("batchnorm needs at least 2 values per channel in training")
-    x = (random_array((n, c, h, w), np.float32, rng) * rng.uniform(0.5, 3, (1, c, 1, 1))
-         + rng.uniform(-2, 2, (1, c, 1, 1))).astype(np.float32)
+    x = (
+        random_array((n, c, h, w), np.float32, rng) * rng.uniform(0.5, 3, (1, c, 1, 1))
+        + rng.uniform(-2, 2, (1, c, 1, 1))
+    ).astype(np.float32)
     gamma = random_array(c, np.float32, rng, 0.5, 2.0)
     beta = random_array(c, np.float32, rng)
     rm0 = random_array(c, np.float32, rng)
     rv0 = random_array(c, np.float32, rng, 0.5, 2.0)
     want, cache, want_rm, want_rv = ref.batchnorm_forward_train(
-        *_f64(x, gamma, beta, rm0, rv0), eps, momentum)
+        *_f64(x, gamma, beta, rm0, rv0), eps, momentum
+    )
     dy = random_array(x.shape, np.float32, rng)
     want_dx, want_dgamma, want_dbeta = ref.batchnorm_backward(*_f64(dy), cache)
 
@@ -97,8 +123,13 @@ def check_batchnorm(rng, n, c, h, w, eps=1e-5, momentum=0.1, *,
     invstd = guarded(c, np.float32)
     xhat = guarded(x.shape, np.float32)
     errs = {}
-    y = _run_guarded(x.shape, np.float32, lambda o: forward_train(
-        x_, g_, b_, eps, momentum, mean.array, invstd.array, rm_, rv_, xhat.array, o))
+    y = _run_guarded(
+        x.shape,
+        np.float32,
+        lambda o: forward_train(
+            x_, g_, b_, eps, momentum, mean.array, invstd.array, rm_, rv_, xhat.array, o
+        ),
+    )
     for gd, name in ((mean, "mean"), (invstd, "invstd"), (xhat, "xhat")):
         gd.check_untouched(f"batchnorm {name}")
     errs["batchnorm forward"] = check(y, want, tol, "batchnorm forward")
@@ -106,25 +137,27 @@ def check_batchnorm(rng, n, c, h, w, eps=1e-5, momentum=0.1, *,
     errs["batchnorm running var"] = check(rv_, want_rv, tol, "batchnorm running var (unbiased)")
     dgamma = guarded(c, np.float32)
     dbeta = guarded(c, np.float32)
-    dx = _run_guarded(x.shape, np.float32, lambda o: backward(
-        dy_, xhat.array, g_, invstd.array, dgamma.array, dbeta.array, o))
+    dx = _run_guarded(
+        x.shape,
+        np.float32,
+        lambda o: backward(dy_, xhat.array, g_, invstd.array, dgamma.array, dbeta.array, o),
+    )
     dgamma.check_untouched("batchnorm dgamma")
     dbeta.check_untouched("batchnorm dbeta")
     errs["batchnorm grad input"] = check(dx, want_dx, tol, "batchnorm grad input")
-    errs["batchnorm grad weight"] = check(dgamma.array, want_dgamma, tol,
-                                          "batchnorm grad weight")
+    errs["batchnorm grad weight"] = check(dgamma.array, want_dgamma, tol, "batchnorm grad weight")
     errs["batchnorm grad bias"] = check(dbeta.array, want_dbeta, tol, "batchnorm grad bias")
 
     want_eval = ref.batchnorm_forward_eval(*_f64(x, gamma, beta, rm0, rv0), eps)
     rm_e, rv_e = cuda.to_device(rm0), cuda.to_device(rv0)
-    y = _run_guarded(x.shape, np.float32,
-                     lambda o: forward_eval(x_, g_, b_, rm_e, rv_e, eps, o))
+    y = _run_guarded(x.shape, np.float32, lambda o: forward_eval(x_, g_, b_, rm_e, rv_e, eps, o))
     errs["batchnorm eval forward"] = check(y, want_eval, tol, "batchnorm eval forward")
     return errs
 
 
-def check_relu(rng, shape, *, forward=kernels.relu_forward, backward=kernels.relu_backward,
-               tol=TOL) -> dict[str, float]:
+def check_relu(
+    rng, shape, *, forward=kernels.relu_forward, backward=kernels.relu_backward, tol=TOL
+) -> dict[str, float]:
     """ReLU forward and backward on any shape (at least one positive input, so
     the reference is not all zeros)."""
     x = random_array(shape, np.float32, rng)
@@ -141,8 +174,17 @@ def check_relu(rng, shape, *, forward=kernels.relu_forward, backward=kernels.rel
     return errs
 
 
-def check_maxpool(rng, n, c, h, w, *, forward=kernels.maxpool2x2_forward,
-                  backward=kernels.maxpool2x2_backward, tol=TOL) -> dict[str, float]:
+def check_maxpool(
+    rng,
+    n,
+    c,
+    h,
+    w,
+    *,
+    forward=kernels.maxpool2x2_forward,
+    backward=kernels.maxpool2x2_backward,
+    tol=TOL,
+) -> dict[str, float]:
     """2x2 max-pool forward (values and argmax) and backward; odd h or w drop
     the last row or column (floor mode), whose gradient must be 0."""
     x = random_array((n, c, h, w), np.float32, rng)
@@ -165,8 +207,16 @@ def check_maxpool(rng, n, c, h, w, *, forward=kernels.maxpool2x2_forward,
     return errs
 
 
-def check_linear(rng, n, n_in, n_out, *, forward=kernels.linear_forward,
-                 backward=kernels.linear_backward, tol=TOL) -> dict[str, float]:
+def check_linear(
+    rng,
+    n,
+    n_in,
+    n_out,
+    *,
+    forward=kernels.linear_forward,
+    backward=kernels.linear_backward,
+    tol=TOL,
+) -> dict[str, float]:
     """Linear forward and backward (dx, dW, db), torch layout W (out, in)."""
     x = random_array((n, n_in), np.float32, rng)
     wt = random_array((n_out, n_in), np.float32, rng)
@@ -179,8 +229,7 @@ def check_linear(rng, n, n_in, n_out, *, forward=kernels.linear_forward,
     out = _run_guarded((n, n_out), np.float32, lambda o: forward(x_, w_, b_, o))
     errs["linear forward"] = check(out, want, tol, "linear forward")
     dw, db = guarded(wt.shape, np.float32), guarded(n_out, np.float32)
-    dx = _run_guarded((n, n_in), np.float32,
-                      lambda o: backward(dy_, x_, w_, o, dw.array, db.array))
+    dx = _run_guarded((n, n_in), np.float32, lambda o: backward(dy_, x_, w_, o, dw.array, db.array))
     dw.check_untouched("linear grad weight")
     db.check_untouched("linear grad bias")
     errs["linear grad input"] = check(dx, want_dx, tol, "linear grad input")
@@ -215,9 +264,15 @@ def softmax_grad_tol(logits: np.ndarray, ref_grad: Any, tol: float = TOL) -> flo
     return rounding_tolerance(ref_grad, softmax_grad_magnitude(logits), 4, tol)
 
 
-def check_log_softmax_nll(rng, n, classes, *, forward=kernels.log_softmax_nll_forward,
-                          backward=kernels.log_softmax_nll_backward,
-                          tol=TOL) -> dict[str, float]:
+def check_log_softmax_nll(
+    rng,
+    n,
+    classes,
+    *,
+    forward=kernels.log_softmax_nll_forward,
+    backward=kernels.log_softmax_nll_backward,
+    tol=TOL,
+) -> dict[str, float]:
     """Mean cross-entropy and its gradient. Logits are scaled up (std 5) and
     shifted so a max-subtraction bug overflows or loses precision."""
     logits = (random_array((n, classes), np.float32, rng) * 5 + 30).astype(np.float32)
@@ -227,8 +282,9 @@ def check_log_softmax_nll(rng, n, classes, *, forward=kernels.log_softmax_nll_fo
     want_grad = ref.log_softmax_nll_backward(cache)
     logits_, labels_ = cuda.to_device(logits), cuda.to_device(labels)
     logprobs, row_loss = guarded((n, classes), np.float32), guarded(n, np.float32)
-    loss = _run_guarded(1, np.float32,
-                        lambda o: forward(logits_, labels_, logprobs.array, row_loss.array, o))
+    loss = _run_guarded(
+        1, np.float32, lambda o: forward(logits_, labels_, logprobs.array, row_loss.array, o)
+    )
     logprobs.check_untouched("logprobs")
     row_loss.check_untouched("row loss")
     # Subtracting the row max from logits near 30 leaves an absolute float32
@@ -236,14 +292,13 @@ def check_log_softmax_nll(rng, n, classes, *, forward=kernels.log_softmax_nll_fo
     # small (one confident row) that is more than `tol` relative. Allow that
     # much, and no more: a max-subtraction or indexing bug is far larger.
     want_loss = np.array([want_loss])
-    loss_tol = rounding_tolerance(want_loss, float(np.abs(logits).max()) + np.log(classes),
-                                  4, tol)
+    loss_tol = rounding_tolerance(want_loss, float(np.abs(logits).max()) + np.log(classes), 4, tol)
     errs = {"nll loss": check(loss, want_loss, loss_tol, "nll loss")}
     errs["logprobs"] = check(logprobs.array, want_logprobs, tol, "logprobs")
-    d = _run_guarded((n, classes), np.float32,
-                     lambda o: backward(logprobs.array, labels_, o))
-    errs["nll grad logits"] = check(d, want_grad, softmax_grad_tol(logits, want_grad, tol),
-                                    "nll grad logits")
+    d = _run_guarded((n, classes), np.float32, lambda o: backward(logprobs.array, labels_, o))
+    errs["nll grad logits"] = check(
+        d, want_grad, softmax_grad_tol(logits, want_grad, tol), "nll grad logits"
+    )
     return errs
 
 
@@ -283,8 +338,9 @@ def random_batch(config, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def check_train_step(model, x: np.ndarray, y: np.ndarray, lr: float,
-                     tol: float = TOL) -> dict[str, float]:
+def check_train_step(
+    model, x: np.ndarray, y: np.ndarray, lr: float, tol: float = TOL
+) -> dict[str, float]:
     """Take one training step of ``model`` on the batch (x, y) and check it
     against the float64 reference from the model's state before the step.
 
@@ -324,16 +380,18 @@ def check_train_step(model, x: np.ndarray, y: np.ndarray, lr: float,
     config = model.config
     before = model.state_dict()
     n = len(y)
-    model.train_step(cuda.to_device(np.ascontiguousarray(x)),
-                     cuda.to_device(np.ascontiguousarray(y)), lr)
+    model.train_step(
+        cuda.to_device(np.ascontiguousarray(x)), cuda.to_device(np.ascontiguousarray(y)), lr
+    )
     cuda.synchronize()
     loss = float(model.loss.copy_to_host()[0])
     grads = model.grads.download()
     windows = model.pool_windows(n)
     after = model.state_dict()
 
-    logits, caches, want_buffers = ref.reference_forward(before, x, config, training=True,
-                                                        pool_windows=windows)
+    logits, caches, want_buffers = ref.reference_forward(
+        before, x, config, training=True, pool_windows=windows
+    )
     want_loss, want_grads = ref.reference_backward(logits, caches, y)
     if not math.isfinite(loss):
         raise CheckError(f"the loss is {loss} (the float64 reference's: {want_loss:.6g})")
@@ -341,8 +399,10 @@ def check_train_step(model, x: np.ndarray, y: np.ndarray, lr: float,
     for k, gap in enumerate(caches["pool_gaps"], 1):
         worst = float(gap.max())
         if worst > POOL_TIE_TOL:
-            raise CheckError(f"pool{k}: a window's taken value is {worst:.3g} below its "
-                             "maximum (the max-pool picks a wrong element)")
+            raise CheckError(
+                f"pool{k}: a window's taken value is {worst:.3g} below its "
+                "maximum (the max-pool picks a wrong element)"
+            )
         errs[f"pool{k} taken value below window max"] = worst
     errs["loss"] = check(np.array([loss]), np.array([want_loss]), tol, "loss")
     for name, want in want_grads.items():
@@ -350,23 +410,25 @@ def check_train_step(model, x: np.ndarray, y: np.ndarray, lr: float,
             w_norm = float(np.linalg.norm(grads[name.replace("bias", "weight")]))
             noise = float(np.linalg.norm(grads[name]))
             if not np.isfinite(noise) or noise > tol * w_norm:
-                raise CheckError(f"grad {name}: norm {noise:.3g}, expected ~0 (batchnorm "
-                                 f"follows), at most {tol:g} x the weight gradient's "
-                                 f"{w_norm:.3g}")
+                raise CheckError(
+                    f"grad {name}: norm {noise:.3g}, expected ~0 (batchnorm "
+                    f"follows), at most {tol:g} x the weight gradient's "
+                    f"{w_norm:.3g}"
+                )
             errs[f"grad {name} (norm / weight grad norm)"] = noise / max(w_norm, 1e-30)
             continue
         errs[f"grad {name}"] = check(grads[name], want, tol, f"grad {name}")
     for name, want in want_grads.items():
         want_after = before[name].astype(np.float64) - lr * want
-        errs[f"after step {name}"] = check(after[name], want_after, tol,
-                                           f"after step {name}")
+        errs[f"after step {name}"] = check(after[name], want_after, tol, f"after step {name}")
     for name, want in want_buffers.items():
         errs[f"after step {name}"] = check(after[name], want, tol, f"after step {name}")
     return errs
 
 
-def check_eval_forward(config, n: int, rng, seed: int = 0, train_steps: int = 1,
-                       tol: float = TOL, model_cls=None) -> dict[str, float]:
+def check_eval_forward(
+    config, n: int, rng, seed: int = 0, train_steps: int = 1, tol: float = TOL, model_cls=None
+) -> dict[str, float]:
     """Evaluation-mode logits of NumbaCNN (or ``model_cls``, built as
     model_cls(config, max_batch=n, seed=seed)) after ``train_steps`` steps, so
     the running statistics are not the initial 0 and 1, against the reference

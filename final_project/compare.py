@@ -39,6 +39,7 @@ from __future__ import annotations
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 from common.runtime import device_name
 
@@ -66,8 +67,9 @@ DEFAULT_OUT = Path("runs") / "final_project"
 
 
 def torch_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() and not common.is_simulator()
-                        else "cpu")
+    return torch.device(
+        "cuda" if torch.cuda.is_available() and not common.is_simulator() else "cpu"
+    )
 
 
 def _pinned(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -75,8 +77,9 @@ def _pinned(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory() if device.type == "cuda" else t
 
 
-def torch_evaluate(twin: TorchCNN, x: np.ndarray, y: np.ndarray, batch_size: int,
-                   device: torch.device) -> float:
+def torch_evaluate(
+    twin: TorchCNN, x: np.ndarray, y: np.ndarray, batch_size: int, device: torch.device
+) -> float:
     """Test accuracy in percent, batchnorm in evaluation mode."""
     twin.eval()
     correct = 0
@@ -123,17 +126,25 @@ def train_torch(
             step += 1
         epoch_losses = torch.stack(losses).float().cpu().numpy()
         acc = torch_evaluate(twin, x_test, y_test, batches.batch_size, device)
-        history.append({"epoch": epoch, "steps": n_steps,
-                        "train_loss": float(epoch_losses.mean()), "test_accuracy": acc,
-                        "losses": epoch_losses.tolist()})
+        history.append(
+            {
+                "epoch": epoch,
+                "steps": n_steps,
+                "train_loss": float(epoch_losses.mean()),
+                "test_accuracy": acc,
+                "losses": epoch_losses.tolist(),
+            }
+        )
     return history
 
 
 def loss_curve(history: list[dict[str, Any]], every: int) -> list[tuple[int, float]]:
     """(step, mean loss of the ``every`` steps ending there) over the whole run."""
     losses = np.concatenate([np.asarray(h["losses"], np.float64) for h in history] or [[]])
-    return [(int(hi), float(losses[hi - every : hi].mean()))
-            for hi in range(every, len(losses) + 1, every)]
+    return [
+        (int(hi), float(losses[hi - every : hi].mean()))
+        for hi in range(every, len(losses) + 1, every)
+    ]
 
 
 # --------------------------------------------------------------------------
@@ -167,9 +178,19 @@ def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float
 
 
 def time_steps(
-    config, images: np.ndarray, labels: np.ndarray, batch_size: int, lr: float, seed: int,
-    steps: int, windows: int, warmup: int, device: torch.device, configs: list[str],
-    naive_steps: int = 3, n_batches: int = 8,
+    config,
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    steps: int,
+    windows: int,
+    warmup: int,
+    device: torch.device,
+    configs: list[str],
+    naive_steps: int = 3,
+    n_batches: int = 8,
 ) -> dict[str, Any]:
     """ms per training step of every configuration in ``configs`` at one batch size.
 
@@ -187,14 +208,20 @@ def time_steps(
          "best_torch", "fast_graph_over_best_torch"}; the ms are None in the simulator.
     """
     n_batches = max(1, min(n_batches, len(labels) // batch_size))
-    batches = fdata.EpochBatches(images[: n_batches * batch_size],
-                                 labels[: n_batches * batch_size], batch_size)
+    batches = fdata.EpochBatches(
+        images[: n_batches * batch_size], labels[: n_batches * batch_size], batch_size
+    )
     init = init_params(config, seed)
     xs = [torch.from_numpy(batches.host(i)[0]) for i in range(n_batches)]
     ys = [torch.from_numpy(batches.host(i)[1]) for i in range(n_batches)]
-    result: dict[str, Any] = {"batch_size": batch_size, "steps_per_window": steps,
-                              "windows": windows, "warmup_steps": warmup, "ms": {},
-                              "window_ms": {}}
+    result: dict[str, Any] = {
+        "batch_size": batch_size,
+        "steps_per_window": steps,
+        "windows": windows,
+        "warmup_steps": warmup,
+        "ms": {},
+        "window_ms": {},
+    }
     for name in configs:
         counter = iter(range(1 << 62))
         if name in OURS:
@@ -222,8 +249,13 @@ def time_steps(
             on_gpu = device.type == "cuda"
         naive = name == "numba naive eager"
         k_steps = min(steps, naive_steps) if naive else steps
-        window_ms = _time_windows(run, k_steps, windows if not naive else min(windows, 3),
-                                  min(warmup, 2) if naive else warmup, on_gpu)
+        window_ms = _time_windows(
+            run,
+            k_steps,
+            windows if not naive else min(windows, 3),
+            min(warmup, 2) if naive else warmup,
+            on_gpu,
+        )
         result["window_ms"][name] = window_ms
         result["ms"][name] = float(np.median(window_ms)) / k_steps if window_ms else None
     torch_ms = {k: v for k, v in result["ms"].items() if k.startswith("torch") and v}
@@ -242,8 +274,11 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
     4 bytes, argmax: 1 byte); flops count a multiply-add as 2.
     """
     c = config
-    hw1, hw2, hw4 = c.height * c.width, (c.height // 2) * (c.width // 2), (
-        c.height // 4) * (c.width // 4)
+    hw1, hw2, hw4 = (
+        c.height * c.width,
+        (c.height // 2) * (c.width // 2),
+        (c.height // 4) * (c.width // 4),
+    )
     x1, z1, p1 = n * c.in_channels * hw1, n * c.c1 * hw1, n * c.c1 * hw2
     z2, p2 = n * c.c2 * hw2, n * c.c2 * hw4
     feat, hid, cls = c.flat_features, c.hidden, c.num_classes
@@ -281,8 +316,16 @@ def _hold_stream(ms):
         cuda.nanosleep(1000000)
 
 
-def stage_breakdown(config, images: np.ndarray, labels: np.ndarray, batch_size: int,
-                    lr: float, seed: int, repeats: int, peaks: dict[str, Any]) -> list[dict]:
+def stage_breakdown(
+    config,
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    repeats: int,
+    peaks: dict[str, Any],
+) -> list[dict]:
     """Per-stage GPU time of the fast step (an event after each stage).
 
     A one-thread kernel first holds the model's stream for 40 ms while the host
@@ -325,9 +368,16 @@ def stage_breakdown(config, images: np.ndarray, labels: np.ndarray, batch_size: 
         flops, nbytes = work[name]
         gflops = flops / (ms * 1e-3) / 1e9 if flops else None
         gbps = nbytes / (ms * 1e-3) / 1e9 if nbytes else None
-        rows.append({"stage": name, "ms": ms, "gflops": gflops, "gbps": gbps,
-                     "pct_sgemm": gflops and 100 * gflops / 1e3 / peaks["sgemm_tflops"],
-                     "pct_copy": gbps and 100 * gbps / peaks["copy_gbps"]})
+        rows.append(
+            {
+                "stage": name,
+                "ms": ms,
+                "gflops": gflops,
+                "gbps": gbps,
+                "pct_sgemm": gflops and 100 * gflops / 1e3 / peaks["sgemm_tflops"],
+                "pct_copy": gbps and 100 * gbps / peaks["copy_gbps"],
+            }
+        )
     return rows
 
 
@@ -367,8 +417,9 @@ def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool
 
 def format_timing_table(rows: list[dict[str, Any]], device: str, torch_dev: str) -> str:
     """ms per training step: one row per configuration, one column per batch size."""
-    lines = [f"ms per training step (copy + forward + backward + update), {device}; "
-             f"torch on {torch_dev}"]
+    lines = [
+        f"ms per training step (copy + forward + backward + update), {device}; torch on {torch_dev}"
+    ]
     if not rows:
         return "\n".join(lines)
     if all(v is None for r in rows for v in r["ms"].values()):
@@ -378,32 +429,42 @@ def format_timing_table(rows: list[dict[str, Any]], device: str, torch_dev: str)
     lines.append(f"  {'configuration':<34}" + "".join(f"{'batch ' + str(b):>13}" for b in sizes))
     for name in names:
         cells = [r["ms"].get(name) for r in rows]
-        lines.append(f"  {name:<34}" + "".join(
-            f"{'-' if v is None else format(v, '.3f'):>13}" for v in cells))
+        lines.append(
+            f"  {name:<34}"
+            + "".join(f"{'-' if v is None else format(v, '.3f'):>13}" for v in cells)
+        )
     ratios = [r.get("fast_graph_over_best_torch") for r in rows]
     if any(ratios):
-        lines.append(f"  {'fast graph / best torch':<34}" + "".join(
-            f"{'-' if v is None else format(v, '.2f') + 'x':>13}" for v in ratios))
-        lines.append(f"  {'(best torch configuration)':<34}" + "".join(
-            f"{r.get('best_torch', '-').removeprefix('torch '):>13}" for r in rows))
+        lines.append(
+            f"  {'fast graph / best torch':<34}"
+            + "".join(f"{'-' if v is None else format(v, '.2f') + 'x':>13}" for v in ratios)
+        )
+        lines.append(
+            f"  {'(best torch configuration)':<34}"
+            + "".join(f"{r.get('best_torch', '-').removeprefix('torch '):>13}" for r in rows)
+        )
     return "\n".join(lines)
 
 
 def format_breakdown(rows: list[dict[str, Any]], batch_size: int, device: str) -> str:
     """The per-stage table of :func:`stage_breakdown`."""
     total = sum(r["ms"] for r in rows)
-    lines = [f"fast step by stage, batch {batch_size}, {device} (GPU time between CUDA events; "
-             f"sum {total:.3f} ms)",
-             f"  {'stage':<22} {'ms':>8} {'%step':>6} {'GFLOP/s':>9} {'%SGEMM':>7} "
-             f"{'GB/s':>8} {'%copy':>6}"]
+    lines = [
+        f"fast step by stage, batch {batch_size}, {device} (GPU time between CUDA events; "
+        f"sum {total:.3f} ms)",
+        f"  {'stage':<22} {'ms':>8} {'%step':>6} {'GFLOP/s':>9} {'%SGEMM':>7} "
+        f"{'GB/s':>8} {'%copy':>6}",
+    ]
 
     def f(v, spec):
         return "-" if v is None else format(v, spec)
 
     for r in rows:
-        lines.append(f"  {r['stage']:<22} {r['ms']:>8.4f} {100 * r['ms'] / total:>6.1f} "
-                     f"{f(r['gflops'], '.0f'):>9} {f(r['pct_sgemm'], '.1f'):>7} "
-                     f"{f(r['gbps'], '.0f'):>8} {f(r['pct_copy'], '.1f'):>6}")
+        lines.append(
+            f"  {r['stage']:<22} {r['ms']:>8.4f} {100 * r['ms'] / total:>6.1f} "
+            f"{f(r['gflops'], '.0f'):>9} {f(r['pct_sgemm'], '.1f'):>7} "
+            f"{f(r['gbps'], '.0f'):>8} {f(r['pct_copy'], '.1f'):>6}"
+        )
     return "\n".join(lines)
 
 
@@ -456,33 +517,77 @@ def _batch_sizes(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m final_project.compare",
-                                description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m final_project.compare", description=__doc__.splitlines()[0]
+    )
     ftrain.add_common_args(p)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
-                   help=f"folder for compare.json and compare.png (default {DEFAULT_OUT}/)")
-    p.add_argument("--timing-only", action="store_true",
-                   help="skip the accuracy run (part 1): only time the steps")
-    p.add_argument("--loss-every", type=int, default=None, metavar="K",
-                   help="loss curve: mean of every K steps (default 50; tiny: 2)")
-    p.add_argument("--time-batch-sizes", type=_batch_sizes, default=None, metavar="B1,B2",
-                   help="batch sizes for the timing table (default 64,256,1024; tiny: 8)")
-    p.add_argument("--time-steps", type=int, default=None,
-                   help="steps per timed window (default 50; tiny: 1)")
-    p.add_argument("--time-windows", type=int, default=None,
-                   help="timed windows, median kept (default 5; tiny: 1)")
-    p.add_argument("--time-warmup", type=int, default=None,
-                   help="untimed steps before the windows (default 20; tiny: 1)")
-    p.add_argument("--naive-steps", type=int, default=3,
-                   help="steps per window for the naive kernels (slow: default 3)")
-    p.add_argument("--configs", default=None, metavar="A,B",
-                   help="configurations to time (default: all that run here): "
-                        + ", ".join(OURS) + ", torch eager, torch compile, "
-                        "torch compile-reduce-overhead, torch cuda-graph")
-    p.add_argument("--breakdown-repeats", type=int, default=20,
-                   help="steps behind each stage's median in the per-stage table")
-    p.add_argument("--torch-tf32", action="store_true",
-                   help="let torch use TF32 tensor cores (default off: both sides full FP32)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        metavar="DIR",
+        help=f"folder for compare.json and compare.png (default {DEFAULT_OUT}/)",
+    )
+    p.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="skip the accuracy run (part 1): only time the steps",
+    )
+    p.add_argument(
+        "--loss-every",
+        type=int,
+        default=None,
+        metavar="K",
+        help="loss curve: mean of every K steps (default 50; tiny: 2)",
+    )
+    p.add_argument(
+        "--time-batch-sizes",
+        type=_batch_sizes,
+        default=None,
+        metavar="B1,B2",
+        help="batch sizes for the timing table (default 64,256,1024; tiny: 8)",
+    )
+    p.add_argument(
+        "--time-steps", type=int, default=None, help="steps per timed window (default 50; tiny: 1)"
+    )
+    p.add_argument(
+        "--time-windows",
+        type=int,
+        default=None,
+        help="timed windows, median kept (default 5; tiny: 1)",
+    )
+    p.add_argument(
+        "--time-warmup",
+        type=int,
+        default=None,
+        help="untimed steps before the windows (default 20; tiny: 1)",
+    )
+    p.add_argument(
+        "--naive-steps",
+        type=int,
+        default=3,
+        help="steps per window for the naive kernels (slow: default 3)",
+    )
+    p.add_argument(
+        "--configs",
+        default=None,
+        metavar="A,B",
+        help="configurations to time (default: all that run here): "
+        + ", ".join(OURS)
+        + ", torch eager, torch compile, "
+        "torch compile-reduce-overhead, torch cuda-graph",
+    )
+    p.add_argument(
+        "--breakdown-repeats",
+        type=int,
+        default=20,
+        help="steps behind each stage's median in the per-stage table",
+    )
+    p.add_argument(
+        "--torch-tf32",
+        action="store_true",
+        help="let torch use TF32 tensor cores (default off: both sides full FP32)",
+    )
     args = p.parse_args(argv)
     ftrain.resolve_args(args, p)
     tiny = args.tiny
@@ -492,13 +597,15 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else 20)
     windows = args.time_windows if args.time_windows is not None else (1 if tiny else 5)
     if min(time_steps_n, windows, args.naive_steps) < 1 or warmup < 0:
-        p.error("--time-steps, --time-windows and --naive-steps must be >= 1, "
-                "--time-warmup >= 0")
+        p.error("--time-steps, --time-windows and --naive-steps must be >= 1, --time-warmup >= 0")
     device = torch_device()
     # The tiny (simulator) run exercises the path with one configuration a side:
     # simulated fast kernels take minutes a step, and torch there is on the CPU.
-    runnable = (["numba naive eager", "torch eager"] if tiny else
-                list(OURS) + ["torch " + c for c in available_configs(device)])
+    runnable = (
+        ["numba naive eager", "torch eager"]
+        if tiny
+        else list(OURS) + ["torch " + c for c in available_configs(device)]
+    )
     if args.configs:
         configs = [c.strip() for c in args.configs.split(",") if c.strip()]
         unknown = [c for c in configs if c not in runnable]
@@ -512,8 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
     gpu = device_name()
     if common.is_simulator():
-        print(f"simulator (no GPU): {ftrain.TINY.describe() if tiny else 'the full network'}; "
-              f"torch on {device}; the timings say nothing about a GPU")
+        print(
+            f"simulator (no GPU): {ftrain.TINY.describe() if tiny else 'the full network'}; "
+            f"torch on {device}; the timings say nothing about a GPU"
+        )
     else:
         print(f"GPU: {gpu}; torch on {device}")
     try:
@@ -537,35 +646,59 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         test_batches = fdata.EpochBatches(x_test, y_test, args.batch_size, drop_last=False)
-        print(f"accuracy run: {args.epochs} epochs x {len(batches)} steps, batch "
-              f"{args.batch_size}, SGD lr {args.lr}, seed {args.seed}")
+        print(
+            f"accuracy run: {args.epochs} epochs x {len(batches)} steps, batch "
+            f"{args.batch_size}, SGD lr {args.lr}, seed {args.seed}"
+        )
         print(f"numba (ours, {ftrain.describe_kernels(args)}):")
         t0 = time.perf_counter()
         model = ftrain.make_model(args, config, init)
-        numba_hist = ftrain.train(model, batches, test_batches, args.epochs, args.lr, args.seed,
-                                  max_steps=args.max_steps, progress=sys.stderr.isatty(),
-                                  log=lambda s: print("  " + s))
+        numba_hist = ftrain.train(
+            model,
+            batches,
+            test_batches,
+            args.epochs,
+            args.lr,
+            args.seed,
+            max_steps=args.max_steps,
+            progress=sys.stderr.isatty(),
+            log=lambda s: print("  " + s),
+        )
         seconds["numba"] = time.perf_counter() - t0
         print("torch (eager):")
         t0 = time.perf_counter()
         twin = TorchCNN.from_state_dict(config, init, device)
-        torch_hist = train_torch(twin, batches, x_test, y_test, args.epochs, args.lr, args.seed,
-                                 device, max_steps=args.max_steps)
+        torch_hist = train_torch(
+            twin,
+            batches,
+            x_test,
+            y_test,
+            args.epochs,
+            args.lr,
+            args.seed,
+            device,
+            max_steps=args.max_steps,
+        )
         seconds["torch"] = time.perf_counter() - t0
         for h in torch_hist:
-            print(f"  epoch {h['epoch']}: train loss {h['train_loss']:.4f}, "
-                  f"test accuracy {h['test_accuracy']:.2f}%")
+            print(
+                f"  epoch {h['epoch']}: train loss {h['train_loss']:.4f}, "
+                f"test accuracy {h['test_accuracy']:.2f}%"
+            )
         print(f"  {'step':>6} {'numba loss':>11} {'torch loss':>11}")
-        curves = {"numba": loss_curve(numba_hist, loss_every),
-                  "torch": loss_curve(torch_hist, loss_every)}
+        curves = {
+            "numba": loss_curve(numba_hist, loss_every),
+            "torch": loss_curve(torch_hist, loss_every),
+        }
         for (s, a), (_, b) in zip(curves["numba"], curves["torch"]):
             print(f"  {s:>6} {a:>11.4f} {b:>11.4f}")
         na, ta = numba_hist[-1]["test_accuracy"], torch_hist[-1]["test_accuracy"]
-        print(f"test accuracy: numba {na:.2f}%, torch {ta:.2f}% (difference {na - ta:+.2f} "
-              "points)")
-        print(f"time to accuracy ({args.epochs} epochs, shuffling, copies, evaluation and "
-              f"compilation included): numba {seconds['numba']:.1f} s, torch eager "
-              f"{seconds['torch']:.1f} s")
+        print(f"test accuracy: numba {na:.2f}%, torch {ta:.2f}% (difference {na - ta:+.2f} points)")
+        print(
+            f"time to accuracy ({args.epochs} epochs, shuffling, copies, evaluation and "
+            f"compilation included): numba {seconds['numba']:.1f} s, torch eager "
+            f"{seconds['torch']:.1f} s"
+        )
     else:
         curves = {"numba": [], "torch": []}
 
@@ -575,30 +708,56 @@ def main(argv: list[str] | None = None) -> int:
         if len(y_train) < b:
             print(f"timing: skipping batch {b}: only {len(y_train)} training images")
             continue
-        timing.append(time_steps(config, x_train, y_train, b, args.lr, args.seed,
-                                 time_steps_n, windows, warmup, device, configs,
-                                 naive_steps=args.naive_steps))
+        timing.append(
+            time_steps(
+                config,
+                x_train,
+                y_train,
+                b,
+                args.lr,
+                args.seed,
+                time_steps_n,
+                windows,
+                warmup,
+                device,
+                configs,
+                naive_steps=args.naive_steps,
+            )
+        )
     print(format_timing_table(timing, gpu, str(device)))
     breakdown = {}
     if not common.is_simulator():
         peaks = common.device_peaks()
         for b in [r["batch_size"] for r in timing]:
-            breakdown[b] = stage_breakdown(config, x_train, y_train, b, args.lr, args.seed,
-                                           args.breakdown_repeats, peaks)
+            breakdown[b] = stage_breakdown(
+                config, x_train, y_train, b, args.lr, args.seed, args.breakdown_repeats, peaks
+            )
             print(format_breakdown(breakdown[b], b, gpu))
 
     result = {
-        "device": gpu, "runtime": common.runtime_name(), "torch_device": str(device),
-        "torch_version": torch.__version__, "torch_tf32": args.torch_tf32,
+        "device": gpu,
+        "runtime": common.runtime_name(),
+        "torch_device": str(device),
+        "torch_version": torch.__version__,
+        "torch_tf32": args.torch_tf32,
         "config": dataclasses.asdict(config),
-        "dataset": ds.name, "source": ds.source, "is_sample": ds.is_sample,
+        "dataset": ds.name,
+        "source": ds.source,
+        "is_sample": ds.is_sample,
         "accuracy_run": {
-            "epochs": 0 if args.timing_only else args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-            "seed": args.seed, "loss_every": loss_every, "curves": curves,
-            "numba": numba_hist, "torch": torch_hist, "seconds": seconds,
+            "epochs": 0 if args.timing_only else args.epochs,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "seed": args.seed,
+            "loss_every": loss_every,
+            "curves": curves,
+            "numba": numba_hist,
+            "torch": torch_hist,
+            "seconds": seconds,
             "kernels": ftrain.describe_kernels(args),
         },
-        "timing": timing, "breakdown": breakdown,
+        "timing": timing,
+        "breakdown": breakdown,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

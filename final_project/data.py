@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 import numpy as np
 from numba import cuda
@@ -48,8 +49,7 @@ def shrink(images: np.ndarray, size: int = 12) -> np.ndarray:
         ValueError: not uint8 (N, H, W), or ``size`` not in 1..min(H, W).
     """
     if images.dtype != np.uint8 or images.ndim != 3:
-        raise ValueError(f"shrink wants uint8 images (N, H, W); got {images.dtype} "
-                         f"{images.shape}")
+        raise ValueError(f"shrink wants uint8 images (N, H, W); got {images.dtype} {images.shape}")
     n, h, w = images.shape
     if not 0 < size <= min(h, w):
         raise ValueError(f"shrink size must be in 1..{min(h, w)}, got {size}")
@@ -83,8 +83,10 @@ class EpochBatches:
         pinned: bool = True,
     ) -> None:
         if images.dtype != np.float32 or images.ndim != 4:
-            raise ValueError(f"images must be float32 (N, C, H, W), got {images.dtype} "
-                             f"{images.shape}; use normalise() first")
+            raise ValueError(
+                f"images must be float32 (N, C, H, W), got {images.dtype} "
+                f"{images.shape}; use normalise() first"
+            )
         if len(labels) != len(images):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
         if batch_size < 1:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 from common.runtime import cache_dir as course_cache_dir
 
@@ -134,8 +135,16 @@ DATASETS = {
         mean=0.2860,
         std=0.3530,
         classes=(
-            "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-            "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
         ),
         licence="Fashion-MNIST (Zalando SE), MIT licence",
     ),
@@ -239,9 +248,7 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
 def write_idx(path: str | os.PathLike[str], array: np.ndarray, compress: bool = False) -> None:
     """Write a uint8 array as IDX (gzip-compressed if ``compress``); the inverse of read_idx."""
     a = np.ascontiguousarray(array, dtype=np.uint8)
-    header = bytes([0, 0, IDX_UBYTE, a.ndim]) + b"".join(
-        int(s).to_bytes(4, "big") for s in a.shape
-    )
+    header = bytes([0, 0, IDX_UBYTE, a.ndim]) + b"".join(int(s).to_bytes(4, "big") for s in a.shape)
     data = header + a.tobytes()
     Path(path).write_bytes(gzip.compress(data, mtime=0) if compress else data)
 
@@ -338,8 +345,11 @@ def locate_files(
             f"{', '.join(m + '[.gz]' for m in missing)} (looked in {looked}). "
             f"Put all four files there, or fetch them with "
             f"`{FETCH_COMMAND.format(dataset=info.name)}` and leave --data-dir out."
-            + (" (--train-from-test N needs only the two t10k files.)"
-               if all(m.startswith("train") for m in missing) else "")
+            + (
+                " (--train-from-test N needs only the two t10k files.)"
+                if all(m.startswith("train") for m in missing)
+                else ""
+            )
         )
     return found
 
@@ -361,8 +371,14 @@ def fetch(url: str, dest, timeout: float = 30.0, progress: bool = True) -> None:
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=url.rsplit("/", 1)[-1],
-                       leave=False, file=sys.stderr)
+            bar = tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                desc=url.rsplit("/", 1)[-1],
+                leave=False,
+                file=sys.stderr,
+            )
         try:
             while chunk := response.read(1 << 16):
                 dest.write(chunk)
@@ -405,8 +421,9 @@ def download_file(
                 fetch(url, f, progress=progress)
             got = md5_hex(tmp.read_bytes())
             if got != info.gz_md5[stem]:
-                failures.append(f"{url}: checksum mismatch (MD5 {got}, expected "
-                                f"{info.gz_md5[stem]})")
+                failures.append(
+                    f"{url}: checksum mismatch (MD5 {got}, expected {info.gz_md5[stem]})"
+                )
                 continue
             os.replace(tmp, target)
             return target
@@ -502,9 +519,15 @@ class Dataset:
         ``source`` stays the same: it says where the images came from, and the
         arrays' lengths say how many are used."""
         return Dataset(
-            self.name, self.train_images[:n_train], self.train_labels[:n_train],
-            self.test_images[:n_test], self.test_labels[:n_test],
-            self.source, self.mean, self.std, self.is_sample,
+            self.name,
+            self.train_images[:n_train],
+            self.train_labels[:n_train],
+            self.test_images[:n_test],
+            self.test_labels[:n_test],
+            self.source,
+            self.mean,
+            self.std,
+            self.is_sample,
         )
 
 
@@ -512,9 +535,16 @@ def _from_files(info: DatasetInfo, files: dict[str, Path], where: str) -> Datase
     arrays = {stem: verify_and_read(path, info, stem) for stem, path in files.items()}
     (tri, trl), (tei, tel) = SPLITS["train"], SPLITS["test"]
     none = np.zeros((0, *IMAGE_SHAPE), np.uint8)  # the train split was not asked for
-    return Dataset(info.name, arrays.get(tri, none), arrays.get(trl, none[:, 0, 0]),
-                   arrays[tei], arrays[tel],
-                   source=f"{info.name} from {where}", mean=info.mean, std=info.std)
+    return Dataset(
+        info.name,
+        arrays.get(tri, none),
+        arrays.get(trl, none[:, 0, 0]),
+        arrays[tei],
+        arrays[tel],
+        source=f"{info.name} from {where}",
+        mean=info.mean,
+        std=info.std,
+    )
 
 
 def load_sample() -> Dataset:
@@ -532,11 +562,18 @@ def load_sample() -> Dataset:
         arrays = {k: z[k] for k in z.files}
     info = DATASETS["mnist"]
     return Dataset(
-        "mnist", arrays["train_images"], arrays["train_labels"], arrays["test_images"],
+        "mnist",
+        arrays["train_images"],
+        arrays["train_labels"],
+        arrays["test_images"],
         arrays["test_labels"],
-        source=(f"the shipped MNIST sample ({len(arrays['train_labels'])} train / "
-                f"{len(arrays['test_labels'])} test digits from the MNIST test set)"),
-        mean=info.mean, std=info.std, is_sample=True,
+        source=(
+            f"the shipped MNIST sample ({len(arrays['train_labels'])} train / "
+            f"{len(arrays['test_labels'])} test digits from the MNIST test set)"
+        ),
+        mean=info.mean,
+        std=info.std,
+        is_sample=True,
     )
 
 
@@ -620,8 +657,10 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"ok: {ds.source}: {len(ds.train_labels)} train / {len(ds.test_labels)} test "
-          f"images, licence: {DATASETS[ds.name].licence}")
+    print(
+        f"ok: {ds.source}: {len(ds.train_labels)} train / {len(ds.test_labels)} test "
+        f"images, licence: {DATASETS[ds.name].licence}"
+    )
     return 0
 
 

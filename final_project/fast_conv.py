@@ -106,10 +106,18 @@ class IgemmTiles:
     min_blocks: int = 2
 
     def __post_init__(self):
-        if (self.bm % self.tm or self.bn % self.tn or self.bm % 4 or self.bn % 4
-                or self.threads % self.bm or self.bk < 1):
-            raise ValueError(f"{self}: tm, tn must divide bm, bn (multiples of 4), and the "
-                             "(bm/tm)(bn/tn) threads must be a multiple of bm")
+        if (
+            self.bm % self.tm
+            or self.bn % self.tn
+            or self.bm % 4
+            or self.bn % 4
+            or self.threads % self.bm
+            or self.bk < 1
+        ):
+            raise ValueError(
+                f"{self}: tm, tn must divide bm, bn (multiples of 4), and the "
+                "(bm/tm)(bn/tn) threads must be a multiple of bm"
+            )
 
     @property
     def threads(self) -> int:
@@ -159,12 +167,20 @@ class GradWeightTiles:
 
     def __post_init__(self):
         threads = (self.bm // self.tm) * (self.bn // self.tn)
-        if (self.bm % self.tm or self.bn % self.tn or threads % self.bk
-                or self.bm % (threads // self.bk or 1) or self.bn % (threads // self.bk or 1)
-                or threads < self.bk or not 1 <= self.min_chunk <= self.max_chunk):
-            raise ValueError(f"{self}: tm, tn must divide bm, bn; the threads must be a "
-                             "multiple of bk whose quotient divides bm and bn; "
-                             "1 <= min_chunk <= max_chunk")
+        if (
+            self.bm % self.tm
+            or self.bn % self.tn
+            or threads % self.bk
+            or self.bm % (threads // self.bk or 1)
+            or self.bn % (threads // self.bk or 1)
+            or threads < self.bk
+            or not 1 <= self.min_chunk <= self.max_chunk
+        ):
+            raise ValueError(
+                f"{self}: tm, tn must divide bm, bn; the threads must be a "
+                "multiple of bk whose quotient divides bm and bn; "
+                "1 <= min_chunk <= max_chunk"
+            )
 
     @property
     def threads(self) -> int:
@@ -207,12 +223,13 @@ DIRECT_TILES = pick(gpu=GPU_DIRECT_TILES, simulator=SIM_DIRECT_TILES)
 # than they read inputs); within that, about 4 blocks an SM (8 for the
 # one-warp tiles): conv2 at N = 64, 256, 1024 gives S = 49, 105, 106 chunks,
 # 245 to 530 blocks.
-GPU_GRAD_WEIGHT_TILES = GradWeightTiles(64, 64, 16, 8, 4, max_chunk=2048, min_chunk=256,
-                                        target_blocks=4 * NUM_SMS)
-GPU_GRAD_WEIGHT_TILES_SMALL = GradWeightTiles(32, 16, 16, 4, 4, max_chunk=2048, min_chunk=256,
-                                              target_blocks=8 * NUM_SMS)
-SIM_GRAD_WEIGHT_TILES = GradWeightTiles(4, 4, 4, 2, 2, max_chunk=8, min_chunk=4,
-                                        target_blocks=4)
+GPU_GRAD_WEIGHT_TILES = GradWeightTiles(
+    64, 64, 16, 8, 4, max_chunk=2048, min_chunk=256, target_blocks=4 * NUM_SMS
+)
+GPU_GRAD_WEIGHT_TILES_SMALL = GradWeightTiles(
+    32, 16, 16, 4, 4, max_chunk=2048, min_chunk=256, target_blocks=8 * NUM_SMS
+)
+SIM_GRAD_WEIGHT_TILES = GradWeightTiles(4, 4, 4, 2, 2, max_chunk=8, min_chunk=4, target_blocks=4)
 GRAD_WEIGHT_TILES = pick(gpu=GPU_GRAD_WEIGHT_TILES, simulator=SIM_GRAD_WEIGHT_TILES)
 GRAD_WEIGHT_TILES_SMALL = pick(gpu=GPU_GRAD_WEIGHT_TILES_SMALL, simulator=SIM_GRAD_WEIGHT_TILES)
 
@@ -341,8 +358,9 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
     assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory; use a smaller bk"
 
     @jit(launch_bounds=(THREADS, MIN_BLOCKS))
-    def conv2d_igemm(x, w, b, out, bn_partials, batch, c_in, height, width, c_out,
-                     h_out, w_out, pad, k_tiles):
+    def conv2d_igemm(
+        x, w, b, out, bn_partials, batch, c_in, height, width, c_out, h_out, w_out, pad, k_tiles
+    ):
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)
         b_tile = cuda.shared.array(B_SIZE, float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((TM, TN), float32)
@@ -393,8 +411,9 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
             if t >= 0:
                 for cc in range(CBR):
                     for e in range(ROW_K):
-                        a_tile[uint64(cur * A_BUF + a_dst + (cc * R * ROW_K + e) * AP)] = \
-                            a_next[cc * ROW_K + e]
+                        a_tile[uint64(cur * A_BUF + a_dst + (cc * R * ROW_K + e) * AP)] = a_next[
+                            cc * ROW_K + e
+                        ]
                 for load in range(B_LOADS):
                     idx = tid + load * THREADS
                     if B_EVEN or idx < B_ITEMS:
@@ -503,8 +522,9 @@ def _igemm_kernel(tiles: IgemmTiles, k: int, forward: bool):
     key = ("igemm", tiles, k, forward)
     if key not in _KERNELS:
         cb, kr = igemm_k_tile(tiles, k)
-        _KERNELS[key] = make_conv2d_igemm(tiles.bm, tiles.bn, tiles.tm, tiles.tn, k, cb, kr,
-                                          forward, tiles.min_blocks)
+        _KERNELS[key] = make_conv2d_igemm(
+            tiles.bm, tiles.bn, tiles.tm, tiles.tn, k, cb, kr, forward, tiles.min_blocks
+        )
     return _KERNELS[key]
 
 
@@ -536,27 +556,33 @@ def _check_forward(x, w, b, pad, out):
         raise ValueError(f"x {x.shape}, w {w.shape}, b {b.shape} do not match")
     h_out, w_out = _out_hw(h, wd, k, pad)
     if pad < 0 or h_out < 1 or w_out < 1 or out.shape != (n, c_out, h_out, w_out):
-        raise ValueError(f"out must be {(n, c_out, h_out, w_out)} for x {x.shape}, "
-                         f"w {w.shape}, pad {pad}; got {out.shape}")
+        raise ValueError(
+            f"out must be {(n, c_out, h_out, w_out)} for x {x.shape}, "
+            f"w {w.shape}, pad {pad}; got {out.shape}"
+        )
 
 
 def _check_partials(a, shape, dtype, name):
     require_device_array(a, name, len(shape), dtype)
     if tuple(a.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {a.shape} "
-                         "(allocate it with the matching *_partial_rows / *_shape helper)")
+        raise ValueError(
+            f"{name} must have shape {tuple(shape)}, got {a.shape} "
+            "(allocate it with the matching *_partial_rows / *_shape helper)"
+        )
 
 
-def conv2d_forward_igemm_partial_rows(n: int, h_out: int, w_out: int,
-                                      tiles: IgemmTiles | None = None) -> int:
+def conv2d_forward_igemm_partial_rows(
+    n: int, h_out: int, w_out: int, tiles: IgemmTiles | None = None
+) -> int:
     """P, the number of row blocks of the forward implicit GEMM: ceil(N*Ho*Wo / BM).
     ``bn_partials`` has shape (P, 2, Co)."""
     m_total = n * h_out * w_out
     return ceil_div(m_total, (tiles or igemm_tiles(m_total, 64)).bm)
 
 
-def conv2d_forward_igemm(x, w, b, pad: int, out, bn_partials,
-                         tiles: IgemmTiles | None = None, stream=0) -> None:
+def conv2d_forward_igemm(
+    x, w, b, pad: int, out, bn_partials, tiles: IgemmTiles | None = None, stream=0
+) -> None:
     """out (N, Co, Ho, Wo) = conv(x (N, Ci, H, W), w (Co, Ci, K, K)) + b (Co,), and
     the batchnorm partial sums of out, by implicit GEMM.
 
@@ -586,12 +612,14 @@ def conv2d_forward_igemm(x, w, b, pad: int, out, bn_partials,
     _check_partials(bn_partials, (rows, 2, c_out), np.float64, "bn_partials")
     kern = _igemm_kernel(tiles, k, True)
     cb, kr = kern.k_tile
-    launch_conv2d_igemm(kern, x, w, b, pad, out, bn_partials,
-                        ceil_div(c_in, cb) * ceil_div(k, kr), stream)
+    launch_conv2d_igemm(
+        kern, x, w, b, pad, out, bn_partials, ceil_div(c_in, cb) * ceil_div(k, kr), stream
+    )
 
 
-def launch_conv2d_igemm(kernel, x, w, b, pad: int, out, bn_partials, k_tiles: int,
-                        stream=0) -> None:
+def launch_conv2d_igemm(
+    kernel, x, w, b, pad: int, out, bn_partials, k_tiles: int, stream=0
+) -> None:
     """Launch a kernel from :func:`make_conv2d_igemm` (forward) over ``k_tiles``
     K-tiles; no checks. For tests that run a kernel the public launchers would
     not choose, e.g. one stopped short of the last K-tile."""
@@ -600,12 +628,26 @@ def launch_conv2d_igemm(kernel, x, w, b, pad: int, out, bn_partials, k_tiles: in
     h_out, w_out = out.shape[2], out.shape[3]
     bm, bn = kernel.tile
     kernel[(ceil_div(n * h_out * w_out, bm), ceil_div(c_out, bn)), kernel.threads, stream](
-        _flat(x), _flat(w), b, _flat(out), bn_partials, n, c_in, h, wd, c_out, h_out, w_out,
-        pad, k_tiles)
+        _flat(x),
+        _flat(w),
+        b,
+        _flat(out),
+        bn_partials,
+        n,
+        c_in,
+        h,
+        wd,
+        c_out,
+        h_out,
+        w_out,
+        pad,
+        k_tiles,
+    )
 
 
-def conv2d_grad_input_igemm(dout, w, pad: int, dx, tiles: IgemmTiles | None = None,
-                            stream=0) -> None:
+def conv2d_grad_input_igemm(
+    dout, w, pad: int, dx, tiles: IgemmTiles | None = None, stream=0
+) -> None:
     """dx (N, Ci, H, W) = d loss / d x from dout (N, Co, Ho, Wo) and w (Co, Ci, K, K),
     by implicit GEMM.
 
@@ -624,8 +666,12 @@ def conv2d_grad_input_igemm(dout, w, pad: int, dx, tiles: IgemmTiles | None = No
     n, c_out, h_out, w_out = dout.shape
     _, c_in, k, _ = w.shape
     h, wd = dx.shape[2], dx.shape[3]
-    if (w.shape[0] != c_out or dx.shape[:2] != (n, c_in) or pad < 0
-            or _out_hw(h, wd, k, pad) != (h_out, w_out)):
+    if (
+        w.shape[0] != c_out
+        or dx.shape[:2] != (n, c_in)
+        or pad < 0
+        or _out_hw(h, wd, k, pad) != (h_out, w_out)
+    ):
         raise ValueError(f"dout {dout.shape}, w {w.shape}, dx {dx.shape}, pad {pad} do not match")
     m_total = n * h * wd
     tiles = tiles or igemm_tiles(m_total, c_in)
@@ -635,8 +681,21 @@ def conv2d_grad_input_igemm(dout, w, pad: int, dx, tiles: IgemmTiles | None = No
     # The GEMM's "input" is dout (c_out channels), its output dx (c_in channels);
     # w stands in for the unused bias and dx (3-D view) for the unused partials.
     kern[(ceil_div(m_total, tiles.bm), ceil_div(c_in, tiles.bn)), kern.threads, stream](
-        _flat(dout), _flat(w), _flat(w), _flat(dx), dx.reshape(n * c_in, h, wd), n, c_out,
-        h_out, w_out, c_in, h, wd, k - 1 - pad, k_tiles)
+        _flat(dout),
+        _flat(w),
+        _flat(w),
+        _flat(dx),
+        dx.reshape(n * c_in, h, wd),
+        n,
+        c_out,
+        h_out,
+        w_out,
+        c_in,
+        h,
+        wd,
+        k - 1 - pad,
+        k_tiles,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -665,8 +724,9 @@ def make_conv2d_direct(TXP, TP, TYC, TC, KSIZE, CI_CHUNK, MIN_BLOCKS=2):
     assert 4 * W_SIZE + 8 * (RED + RED2) <= SMEM_LIMIT, "shared memory over 48 KiB"
 
     @jit(launch_bounds=(THREADS, MIN_BLOCKS))
-    def conv2d_direct(x, w, b, out, bn_partials, batch, c_in, height, width, c_out,
-                      h_out, w_out, pad):
+    def conv2d_direct(
+        x, w, b, out, bn_partials, batch, c_in, height, width, c_out, h_out, w_out, pad
+    ):
         w_s = cuda.shared.array(W_SIZE, float32, alignment=SMEM_ALIGN)
         red = cuda.shared.array(RED, float64)
         red2 = cuda.shared.array(RED2, float64)
@@ -804,21 +864,24 @@ def direct_ci_chunk(tiles: DirectTiles, k: int) -> int:
 def _direct_kernel(tiles: DirectTiles, k: int):
     key = ("direct", tiles, k)
     if key not in _KERNELS:
-        _KERNELS[key] = make_conv2d_direct(tiles.txp, tiles.tp, tiles.tyc, tiles.tc, k,
-                                           direct_ci_chunk(tiles, k), tiles.min_blocks)
+        _KERNELS[key] = make_conv2d_direct(
+            tiles.txp, tiles.tp, tiles.tyc, tiles.tc, k, direct_ci_chunk(tiles, k), tiles.min_blocks
+        )
     return _KERNELS[key]
 
 
-def conv2d_forward_direct_partial_rows(n: int, h_out: int, w_out: int, c_out: int,
-                                       tiles: DirectTiles | None = None) -> int:
+def conv2d_forward_direct_partial_rows(
+    n: int, h_out: int, w_out: int, c_out: int, tiles: DirectTiles | None = None
+) -> int:
     """P, the number of pixel blocks of the direct forward kernel:
     ceil(N*Ho*Wo / (txp * tp)). ``bn_partials`` has shape (P, 2, Co)."""
     tiles = tiles or DIRECT_TILES
     return ceil_div(n * h_out * w_out, tiles.txp * tiles.tp)
 
 
-def conv2d_forward_direct(x, w, b, pad: int, out, bn_partials,
-                          tiles: DirectTiles | None = None, stream=0) -> None:
+def conv2d_forward_direct(
+    x, w, b, pad: int, out, bn_partials, tiles: DirectTiles | None = None, stream=0
+) -> None:
     """out (N, Co, Ho, Wo) = conv(x (N, Ci, H, W), w (Co, Ci, K, K)) + b (Co,) and
     the batchnorm partial sums, by a direct kernel for small Ci (conv1: Ci = 1).
 
@@ -844,8 +907,8 @@ def conv2d_forward_direct(x, w, b, pad: int, out, bn_partials,
     _check_partials(bn_partials, (rows, 2, c_out), np.float64, "bn_partials")
     kern = _direct_kernel(tiles, k)
     kern[(rows, ceil_div(c_out, tiles.tyc * tiles.tc)), kern.threads, stream](
-        _flat(x), _flat(w), b, _flat(out), bn_partials, n, c_in, h, wd, c_out, h_out, w_out,
-        pad)
+        _flat(x), _flat(w), b, _flat(out), bn_partials, n, c_in, h, wd, c_out, h_out, w_out, pad
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -881,8 +944,9 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
     assert 4 * (A_SIZE + B_SIZE + 3 * BN) <= SMEM_LIMIT, "shared memory over 48 KiB"
 
     @jit(launch_bounds=(THREADS, MIN_BLOCKS))
-    def conv2d_grad_weight_igemm(dout, x, partials, batch, c_in, height, width, c_out,
-                                 h_out, w_out, ksize, pad, chunk):
+    def conv2d_grad_weight_igemm(
+        dout, x, partials, batch, c_in, height, width, c_out, h_out, w_out, ksize, pad, chunk
+    ):
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)  # [m * AP + co]
         b_tile = cuda.shared.array(B_SIZE, float32, alignment=SMEM_ALIGN)  # [m * BNP + j]
         tab_off = cuda.shared.array(BN, int32)  # column j: offset ci*H*W + kh*W + kw
@@ -1064,8 +1128,9 @@ def grad_weight_tiles(c_out: int, n_cols: int) -> GradWeightTiles:
     return GRAD_WEIGHT_TILES
 
 
-def grad_weight_split(m_total: int, c_out: int, n_cols: int,
-                      tiles: GradWeightTiles) -> tuple[int, int]:
+def grad_weight_split(
+    m_total: int, c_out: int, n_cols: int, tiles: GradWeightTiles
+) -> tuple[int, int]:
     """(S, chunk): the N*Ho*Wo pixels cut into S chunks of ``chunk`` pixels (a
     multiple of bk; the last chunk may be shorter). S is the larger of what keeps
     chunks <= max_chunk and what gives about target_blocks blocks, but no more
@@ -1073,18 +1138,24 @@ def grad_weight_split(m_total: int, c_out: int, n_cols: int,
     bk = tiles.bk
     k_tiles = ceil_div(m_total, bk)
     blocks_per_chunk = ceil_div(c_out, tiles.bm) * ceil_div(n_cols, tiles.bn)
-    want = max(ceil_div(m_total, tiles.max_chunk),
-               min(ceil_div(tiles.target_blocks, blocks_per_chunk),
-                   ceil_div(m_total, tiles.min_chunk)))
+    want = max(
+        ceil_div(m_total, tiles.max_chunk),
+        min(ceil_div(tiles.target_blocks, blocks_per_chunk), ceil_div(m_total, tiles.min_chunk)),
+    )
     s = max(1, min(want, k_tiles, 65535))
     chunk = ceil_div(k_tiles, s) * bk
     return ceil_div(m_total, chunk), chunk
 
 
-def conv2d_grad_weight_igemm_partials_shape(n: int, h_out: int, w_out: int, c_out: int,
-                                            c_in: int, k: int,
-                                            tiles: GradWeightTiles | None = None
-                                            ) -> tuple[int, int, int]:
+def conv2d_grad_weight_igemm_partials_shape(
+    n: int,
+    h_out: int,
+    w_out: int,
+    c_out: int,
+    c_in: int,
+    k: int,
+    tiles: GradWeightTiles | None = None,
+) -> tuple[int, int, int]:
     """(S, Co, Ci*K*K + 1): shape of the float32 split-K partials buffer of
     :func:`conv2d_grad_weight_igemm` for dout (n, c_out, h_out, w_out)."""
     n_cols = c_in * k * k + 1
@@ -1096,8 +1167,9 @@ def conv2d_grad_weight_igemm_partials_shape(n: int, h_out: int, w_out: int, c_ou
 def _grad_weight_kernel(tiles: GradWeightTiles):
     key = ("grad_weight", tiles)
     if key not in _KERNELS:
-        _KERNELS[key] = make_conv2d_grad_weight_igemm(tiles.bm, tiles.bn, tiles.bk, tiles.tm,
-                                                      tiles.tn, tiles.min_blocks)
+        _KERNELS[key] = make_conv2d_grad_weight_igemm(
+            tiles.bm, tiles.bn, tiles.bk, tiles.tm, tiles.tn, tiles.min_blocks
+        )
     return _KERNELS[key]
 
 
@@ -1108,8 +1180,9 @@ def _reduce_kernel():
     return _KERNELS[key]
 
 
-def conv2d_grad_weight_igemm(dout, x, pad: int, dw, db, partials,
-                             tiles: GradWeightTiles | None = None, stream=0) -> None:
+def conv2d_grad_weight_igemm(
+    dout, x, pad: int, dw, db, partials, tiles: GradWeightTiles | None = None, stream=0
+) -> None:
     """dw (Co, Ci, K, K) = d loss / d w and db (Co,) = dout summed over (n, oh, ow),
     from dout (N, Co, Ho, Wo) and the layer input x (N, Ci, H, W): implicit GEMM
     with split-K.
@@ -1134,21 +1207,38 @@ def conv2d_grad_weight_igemm(dout, x, pad: int, dw, db, partials,
     n, c_in, h, wd = x.shape
     c_out, _, k, _ = dw.shape
     h_out, w_out = _out_hw(h, wd, k, pad)
-    if (dw.shape[1] != c_in or db.shape != (c_out,) or pad < 0
-            or dout.shape != (n, c_out, h_out, w_out)):
-        raise ValueError(f"dout {dout.shape}, x {x.shape}, dw {dw.shape}, db {db.shape}, "
-                         f"pad {pad} do not match")
+    if (
+        dw.shape[1] != c_in
+        or db.shape != (c_out,)
+        or pad < 0
+        or dout.shape != (n, c_out, h_out, w_out)
+    ):
+        raise ValueError(
+            f"dout {dout.shape}, x {x.shape}, dw {dw.shape}, db {db.shape}, pad {pad} do not match"
+        )
     n_cols = c_in * k * k + 1
     m_total = n * h_out * w_out
     tiles = tiles or grad_weight_tiles(c_out, n_cols)
     s_count, chunk = grad_weight_split(m_total, c_out, n_cols, tiles)
     _check_partials(partials, (s_count, c_out, n_cols), np.float32, "partials")
-    launch_conv2d_grad_weight_igemm(_grad_weight_kernel(tiles), _reduce_kernel(), dout, x, pad,
-                                    dw, db, partials, chunk, s_count, stream)
+    launch_conv2d_grad_weight_igemm(
+        _grad_weight_kernel(tiles),
+        _reduce_kernel(),
+        dout,
+        x,
+        pad,
+        dw,
+        db,
+        partials,
+        chunk,
+        s_count,
+        stream,
+    )
 
 
-def launch_conv2d_grad_weight_igemm(kernel, reduce, dout, x, pad: int, dw, db, partials,
-                                    chunk: int, s_count: int, stream=0) -> None:
+def launch_conv2d_grad_weight_igemm(
+    kernel, reduce, dout, x, pad: int, dw, db, partials, chunk: int, s_count: int, stream=0
+) -> None:
     """Launch a kernel from :func:`make_conv2d_grad_weight_igemm` over chunks of
     ``chunk`` pixels, then ``reduce`` (from :func:`make_split_k_reduce`) over the
     first ``s_count`` partials; no checks. For tests that run what the public
@@ -1158,10 +1248,10 @@ def launch_conv2d_grad_weight_igemm(kernel, reduce, dout, x, pad: int, dw, db, p
     h_out, w_out = dout.shape[2], dout.shape[3]
     n_cols = c_in * k * k + 1
     bm, bn = kernel.tile
-    kernel[(ceil_div(n_cols, bn), partials.shape[0], ceil_div(c_out, bm)), kernel.threads,
-           stream](
-        _flat(dout), _flat(x), _flat(partials), n, c_in, h, wd, c_out, h_out, w_out, k, pad,
-        chunk)
+    kernel[(ceil_div(n_cols, bn), partials.shape[0], ceil_div(c_out, bm)), kernel.threads, stream](
+        _flat(dout), _flat(x), _flat(partials), n, c_in, h, wd, c_out, h_out, w_out, k, pad, chunk
+    )
     total = c_out * n_cols
     reduce[ceil_div(total, reduce.outs), reduce.threads, stream](
-        _flat(partials), _flat(dw), db, s_count, n_cols, total)
+        _flat(partials), _flat(dw), db, s_count, n_cols, total
+    )

@@ -93,8 +93,20 @@ def make_partials_finalize(THREADS_R):
         tree_sum_pair(s0, s1, t, THREADS_R)
 
     @cuda.jit
-    def bn_stats_finalize(partials, count, gamma, beta, eps, momentum,
-                          running_mean, running_var, mean, invstd, scale, shift):
+    def bn_stats_finalize(
+        partials,
+        count,
+        gamma,
+        beta,
+        eps,
+        momentum,
+        running_mean,
+        running_var,
+        mean,
+        invstd,
+        scale,
+        shift,
+    ):
         c = cuda.blockIdx.x
         s0 = cuda.shared.array(THREADS_R, float64)
         s1 = cuda.shared.array(THREADS_R, float64)
@@ -109,7 +121,9 @@ def make_partials_finalize(THREADS_R):
             mean[c] = mu
             invstd[c] = inv
             running_mean[c] = (1.0 - momentum) * running_mean[c] + momentum * mu
-            running_var[c] = (1.0 - momentum) * running_var[c] + momentum * var * count / (count - 1)
+            running_var[c] = (1.0 - momentum) * running_var[c] + momentum * var * count / (
+                count - 1
+            )
             sc = gamma[c] * inv
             scale[c] = sc
             shift[c] = beta[c] - mu * sc
@@ -130,8 +144,21 @@ def make_partials_finalize(THREADS_R):
 bn_stats_finalize_kernel, bn_backward_finalize_kernel = make_partials_finalize(REDUCE_THREADS)
 
 
-def bn_stats_finalize(partials, count: int, gamma, beta, eps: float, momentum: float,
-                      running_mean, running_var, mean, invstd, scale, shift, stream=0) -> None:
+def bn_stats_finalize(
+    partials,
+    count: int,
+    gamma,
+    beta,
+    eps: float,
+    momentum: float,
+    running_mean,
+    running_var,
+    mean,
+    invstd,
+    scale,
+    shift,
+    stream=0,
+) -> None:
     """Batch statistics of one batchnorm layer from per-block partial sums.
 
     partials (P, 2, C) float64: [p, 0, c] a block's sum of channel c, [p, 1, c]
@@ -143,8 +170,19 @@ def bn_stats_finalize(partials, count: int, gamma, beta, eps: float, momentum: f
     """
     c = mean.shape[0]
     bn_stats_finalize_kernel[c, REDUCE_THREADS, stream](
-        partials, count, gamma, beta, eps, momentum, running_mean, running_var,
-        mean, invstd, scale, shift)
+        partials,
+        count,
+        gamma,
+        beta,
+        eps,
+        momentum,
+        running_mean,
+        running_var,
+        mean,
+        invstd,
+        scale,
+        shift,
+    )
 
 
 def bn_backward_finalize(partials, dgamma, dbeta, stream=0) -> None:
@@ -163,12 +201,14 @@ def bn_eval_scale_shift_kernel(gamma, beta, running_mean, running_var, eps, scal
         shift[c] = beta[c] - running_mean[c] * sc
 
 
-def bn_eval_scale_shift(gamma, beta, running_mean, running_var, eps: float, scale, shift,
-                        stream=0) -> None:
+def bn_eval_scale_shift(
+    gamma, beta, running_mean, running_var, eps: float, scale, shift, stream=0
+) -> None:
     """scale = gamma / sqrt(running_var + eps), shift = beta - running_mean * scale (C,)."""
     c = scale.shape[0]
     bn_eval_scale_shift_kernel[ceil_div(c, THREADS), THREADS, stream](
-        gamma, beta, running_mean, running_var, eps, scale, shift)
+        gamma, beta, running_mean, running_var, eps, scale, shift
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -244,8 +284,9 @@ def make_bn_backward_reduce(BLOCK):
     """Block per (channel, group of images): partial sums of dy*xhat and dy."""
 
     @cuda.jit
-    def bn_relu_maxpool_backward_reduce(dpooled, argmax, z, mean, invstd, scale, shift,
-                                        images_per_block, partials):
+    def bn_relu_maxpool_backward_reduce(
+        dpooled, argmax, z, mean, invstd, scale, shift, images_per_block, partials
+    ):
         c = cuda.blockIdx.x
         p = cuda.blockIdx.y
         t = cuda.threadIdx.x
@@ -300,8 +341,9 @@ def bn_backward_partial_rows(n: int, h_out: int, w_out: int) -> int:
     return ceil_div(n, bn_backward_images_per_block(n, h_out, w_out))
 
 
-def bn_relu_maxpool_backward_reduce(dpooled, argmax, z, mean, invstd, scale, shift, partials,
-                                    stream=0) -> None:
+def bn_relu_maxpool_backward_reduce(
+    dpooled, argmax, z, mean, invstd, scale, shift, partials, stream=0
+) -> None:
     """Per-block partial sums of dgamma = sum(dy * xhat) and dbeta = sum(dy) of a
     BN -> ReLU -> max-pool block, where dy is dpooled routed back through the pool
     and the ReLU. xhat = (z - mean) * invstd is recomputed from z.
@@ -313,15 +355,17 @@ def bn_relu_maxpool_backward_reduce(dpooled, argmax, z, mean, invstd, scale, shi
     n, c, h_out, w_out = dpooled.shape
     per = bn_backward_images_per_block(n, h_out, w_out)
     bn_relu_maxpool_backward_reduce_kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
-        dpooled, argmax, z, mean, invstd, scale, shift, per, partials)
+        dpooled, argmax, z, mean, invstd, scale, shift, per, partials
+    )
 
 
 # Thread per 2x2 window: dz = gamma invstd / M (M dy - sum dy - xhat sum(dy xhat))
 # for its 4 conv outputs, dy being the pooled gradient at the window's winner
 # (if its ReLU was open) and 0 elsewhere: one read of z, one write of dz.
 @cuda.jit
-def bn_relu_maxpool_backward_dx_kernel(dpooled, argmax, z, mean, invstd, scale, shift, gamma,
-                                       dgamma, dbeta, dz):
+def bn_relu_maxpool_backward_dx_kernel(
+    dpooled, argmax, z, mean, invstd, scale, shift, gamma, dgamma, dbeta, dz
+):
     n, c, ph, pw = _this_window(dpooled)
     if c < 0:
         return
@@ -342,14 +386,16 @@ def bn_relu_maxpool_backward_dx_kernel(dpooled, argmax, z, mean, invstd, scale, 
         dz[n, c, h, w] = k * (dy + base - xhat * dg)
 
 
-def bn_relu_maxpool_backward_dx(dpooled, argmax, z, mean, invstd, scale, shift, gamma,
-                                dgamma, dbeta, dz, stream=0) -> None:
+def bn_relu_maxpool_backward_dx(
+    dpooled, argmax, z, mean, invstd, scale, shift, gamma, dgamma, dbeta, dz, stream=0
+) -> None:
     """dz (N, C, H, W): the gradient at the convolution's output of
     maxpool2x2(relu(batchnorm(z))), from dpooled (N, C, H/2, W/2) and the
     forward's argmax, mean, invstd, scale, shift, and dgamma, dbeta (C,)."""
     grid, block = _window_grid(dpooled.shape)
     bn_relu_maxpool_backward_dx_kernel[grid, block, stream](
-        dpooled, argmax, z, mean, invstd, scale, shift, gamma, dgamma, dbeta, dz)
+        dpooled, argmax, z, mean, invstd, scale, shift, gamma, dgamma, dbeta, dz
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -368,8 +414,9 @@ GEMM_THREADS = (GEMM_BN // GEMM_TN, GEMM_BM // GEMM_TM)  # (16, 16)
 GEMM_TARGET_BLOCKS = pick(gpu=528, simulator=4)  # four blocks per SM of an H100
 
 
-def make_gemm_splitk(TRANS_A, TRANS_B, ONES_COL, BM=GEMM_BM, BN=GEMM_BN, BK=GEMM_BK,
-                     TM=GEMM_TM, TN=GEMM_TN):
+def make_gemm_splitk(
+    TRANS_A, TRANS_B, ONES_COL, BM=GEMM_BM, BN=GEMM_BN, BK=GEMM_BK, TM=GEMM_TM, TN=GEMM_TN
+):
     """C[s] = A[:, Ks] @ B[Ks, :] for the s-th K-chunk Ks, as a kernel.
 
     A is (M, K): ``a[m, k]``, or ``a[k, m]`` when TRANS_A. B is (K, J): ``b[k, j]``,
@@ -570,7 +617,8 @@ def linear_grad_weight(dy, x, dw, db, partials_buf, stream=0) -> None:
     splits = gemm_splitk(gemm_splitk_tn_ones, dy, x, n_out, n_in + 1, n, part, stream)
     total = n_out * (n_in + 1)
     splitk_reduce_weight_bias_kernel[ceil_div(total, THREADS), THREADS, stream](
-        part, splits, dw, db)
+        part, splits, dw, db
+    )
 
 
 def linear_grad_input(dy, w, dx, stream=0) -> None:
@@ -578,7 +626,8 @@ def linear_grad_input(dy, w, dx, stream=0) -> None:
     n, n_out = dy.shape
     n_in = w.shape[1]
     gemm_splitk_nn[(ceil_div(n_in, GEMM_BN), ceil_div(n, GEMM_BM), 1), GEMM_THREADS, stream](
-        dy, w, ceil_div(n_out, GEMM_BK) * GEMM_BK, dx.reshape((1, n, n_in)))
+        dy, w, ceil_div(n_out, GEMM_BK) * GEMM_BK, dx.reshape((1, n, n_in))
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -666,10 +715,13 @@ def classifier_fused(h, w, b, labels, logits, row_loss, dlogits, dh, stream=0) -
     n, hidden = h.shape
     classes = w.shape[0]
     if classes > CLS_MAX_CLASSES or hidden > CLS_MAX_HIDDEN:
-        raise ValueError(f"classifier_fused handles at most {CLS_MAX_CLASSES} classes and "
-                         f"{CLS_MAX_HIDDEN} hidden units, got {classes} and {hidden}")
+        raise ValueError(
+            f"classifier_fused handles at most {CLS_MAX_CLASSES} classes and "
+            f"{CLS_MAX_HIDDEN} hidden units, got {classes} and {hidden}"
+        )
     classifier_fused_kernel[ceil_div(n, CLS_ROWS), (CLS_MAX_CLASSES, CLS_ROWS), stream](
-        h, w, b, labels, logits, row_loss, dlogits, dh)
+        h, w, b, labels, logits, row_loss, dlogits, dh
+    )
 
 
 MEAN_THREADS = pick(gpu=256, simulator=16)

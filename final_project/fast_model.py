@@ -49,11 +49,26 @@ from final_project.model import CNNBase, NetConfig, _Layer
 # The stage names of one training step, in launch order: what compare.py's
 # per-kernel breakdown reports (a stage may be one or two launches).
 STAGES = (
-    "conv1 forward", "bn1 statistics", "bn1+relu+pool1", "conv2 forward", "bn2 statistics",
-    "bn2+relu+pool2", "fc1 forward", "fc2+loss+grads", "loss mean", "fc2 grad weight",
-    "fc1 grad weight", "fc1 grad input", "bn2 backward reduce", "bn2 backward dx",
-    "conv2 grad weight", "conv2 grad input", "bn1 backward reduce", "bn1 backward dx",
-    "conv1 grad weight", "sgd update",
+    "conv1 forward",
+    "bn1 statistics",
+    "bn1+relu+pool1",
+    "conv2 forward",
+    "bn2 statistics",
+    "bn2+relu+pool2",
+    "fc1 forward",
+    "fc2+loss+grads",
+    "loss mean",
+    "fc2 grad weight",
+    "fc1 grad weight",
+    "fc1 grad input",
+    "bn2 backward reduce",
+    "bn2 backward dx",
+    "conv2 grad weight",
+    "conv2 grad input",
+    "bn1 backward reduce",
+    "bn1 backward dx",
+    "conv1 grad weight",
+    "sgd update",
 )
 
 
@@ -84,23 +99,33 @@ class FastCNN(CNNBase, _Layer):
             ``graph=True`` in the simulator, or a bad ``params``.
     """
 
-    def __init__(self, config: NetConfig, max_batch: int, seed: int = 0,
-                 params: dict | None = None, graph: bool | None = None,
-                 conv1: str = "direct", graph_backend: Any = None) -> None:
+    def __init__(
+        self,
+        config: NetConfig,
+        max_batch: int,
+        seed: int = 0,
+        params: dict | None = None,
+        graph: bool | None = None,
+        conv1: str = "direct",
+        graph_backend: Any = None,
+    ) -> None:
         super().__init__(config, max_batch)
         if config.num_classes > fl.CLS_MAX_CLASSES or config.hidden > fl.CLS_MAX_HIDDEN:
             raise ValueError(
                 f"FastCNN's fused classifier holds at most {fl.CLS_MAX_CLASSES} classes and "
                 f"{fl.CLS_MAX_HIDDEN} hidden units, got {config.num_classes} and "
-                f"{config.hidden}; use NumbaCNN for larger heads")
+                f"{config.hidden}; use NumbaCNN for larger heads"
+            )
         if conv1 not in ("direct", "igemm"):
             raise ValueError(f"conv1 must be 'direct' or 'igemm', got {conv1!r}")
         if graph and is_simulator() and graph_backend is None:
-            raise ValueError("the simulator has no CUDA graphs: use graph=False (or leave "
-                             "it to the default)")
+            raise ValueError(
+                "the simulator has no CUDA graphs: use graph=False (or leave it to the default)"
+            )
         self.conv1_kind = conv1
-        self.graph_backend = graph_backend or (default_graph_backend() if graph is not False
-                                               else None)
+        self.graph_backend = graph_backend or (
+            default_graph_backend() if graph is not False else None
+        )
         self._graphs: dict[tuple[int, float], Any] = {}
         self.stream = cuda.stream()
         self._alloc()
@@ -139,9 +164,16 @@ class FastCNN(CNNBase, _Layer):
         self.argmax2 = dev((m, c.c2, h4, w4), np.int8)
         feat = c.flat_features
         # fc1's split-K partials; the evaluation forward reuses them for fc2.
-        self.fc1_partials = dev(_max_size(lambda n: max(
-            fl.splitk_partials_size(n, c.hidden, feat),
-            fl.splitk_partials_size(n, c.num_classes, c.hidden)), m), f32)
+        self.fc1_partials = dev(
+            _max_size(
+                lambda n: max(
+                    fl.splitk_partials_size(n, c.hidden, feat),
+                    fl.splitk_partials_size(n, c.num_classes, c.hidden),
+                ),
+                m,
+            ),
+            f32,
+        )
         self.hidden_act = dev((m, c.hidden), f32)
         self.logits = dev((m, c.num_classes), f32)
         self.row_loss = dev(m, f32)
@@ -150,23 +182,44 @@ class FastCNN(CNNBase, _Layer):
         self.predictions = dev(m, np.int32)
         # backward
         self.d_hidden = dev((m, c.hidden), f32)
-        self.fc2_grad_partials = dev(_max_size(
-            lambda n: fl.splitk_partials_size(c.num_classes, c.hidden + 1, n), m), f32)
-        self.fc1_grad_partials = dev(_max_size(
-            lambda n: fl.splitk_partials_size(c.hidden, feat + 1, n), m), f32)
+        self.fc2_grad_partials = dev(
+            _max_size(lambda n: fl.splitk_partials_size(c.num_classes, c.hidden + 1, n), m), f32
+        )
+        self.fc1_grad_partials = dev(
+            _max_size(lambda n: fl.splitk_partials_size(c.hidden, feat + 1, n), m), f32
+        )
         self.d_pooled2 = dev((m, c.c2, h4, w4), f32)
         self.bn2_back_partials = dev(
-            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h4, w4), m), 2, c.c2), f64)
+            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h4, w4), m), 2, c.c2), f64
+        )
         self.dz2 = dev((m, c.c2, h2, w2), f32)
-        self.conv2_grad_partials = dev(_max_size(lambda n: int(np.prod(
-            fconv.conv2d_grad_weight_igemm_partials_shape(n, h2, w2, c.c2, c.c1, 3))), m), f32)
+        self.conv2_grad_partials = dev(
+            _max_size(
+                lambda n: int(
+                    np.prod(fconv.conv2d_grad_weight_igemm_partials_shape(n, h2, w2, c.c2, c.c1, 3))
+                ),
+                m,
+            ),
+            f32,
+        )
         self.d_pooled1 = dev((m, c.c1, h2, w2), f32)
         self.bn1_back_partials = dev(
-            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64)
+            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64
+        )
         self.dz1 = dev((m, c.c1, h, w), f32)
-        self.conv1_grad_partials = dev(_max_size(lambda n: int(np.prod(
-            fconv.conv2d_grad_weight_igemm_partials_shape(n, h, w, c.c1, c.in_channels, 3))),
-            m), f32)
+        self.conv1_grad_partials = dev(
+            _max_size(
+                lambda n: int(
+                    np.prod(
+                        fconv.conv2d_grad_weight_igemm_partials_shape(
+                            n, h, w, c.c1, c.in_channels, 3
+                        )
+                    )
+                ),
+                m,
+            ),
+            f32,
+        )
 
     def _scratch(self, name: str, n: int, shape_fn: Callable[[int], tuple]) -> Any:
         key = (name, n)
@@ -186,33 +239,49 @@ class FastCNN(CNNBase, _Layer):
         h, w = c.height, c.width
         if self.conv1_kind == "direct":
             rows1 = fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1)
-            fconv.conv2d_forward_direct(x, p["conv1.weight"], p["conv1.bias"], 1, z1,
-                                        self.bn1_partials[:rows1], stream=s)
+            fconv.conv2d_forward_direct(
+                x, p["conv1.weight"], p["conv1.bias"], 1, z1, self.bn1_partials[:rows1], stream=s
+            )
         else:
             rows1 = fconv.conv2d_forward_igemm_partial_rows(n, h, w)
-            fconv.conv2d_forward_igemm(x, p["conv1.weight"], p["conv1.bias"], 1, z1,
-                                       self.bn1_partials[:rows1], stream=s)
+            fconv.conv2d_forward_igemm(
+                x, p["conv1.weight"], p["conv1.bias"], 1, z1, self.bn1_partials[:rows1], stream=s
+            )
         mark("conv1 forward")
         self._bn_scale_shift("bn1", self.bn1_partials[:rows1], n * h * w, training)
         mark("bn1 statistics")
-        fl.bn_relu_maxpool_forward(z1, self.bn1_scale, self.bn1_shift,
-                                   self._rows("pooled1", n), self._rows("argmax1", n), s)
+        fl.bn_relu_maxpool_forward(
+            z1,
+            self.bn1_scale,
+            self.bn1_shift,
+            self._rows("pooled1", n),
+            self._rows("argmax1", n),
+            s,
+        )
         mark("bn1+relu+pool1")
         rows2 = fconv.conv2d_forward_igemm_partial_rows(n, h // 2, w // 2)
-        fconv.conv2d_forward_igemm(self._rows("pooled1", n), p["conv2.weight"],
-                                   p["conv2.bias"], 1, z2, self.bn2_partials[:rows2], stream=s)
+        fconv.conv2d_forward_igemm(
+            self._rows("pooled1", n),
+            p["conv2.weight"],
+            p["conv2.bias"],
+            1,
+            z2,
+            self.bn2_partials[:rows2],
+            stream=s,
+        )
         mark("conv2 forward")
-        self._bn_scale_shift("bn2", self.bn2_partials[:rows2], n * (h // 2) * (w // 2),
-                             training)
+        self._bn_scale_shift("bn2", self.bn2_partials[:rows2], n * (h // 2) * (w // 2), training)
         mark("bn2 statistics")
         pooled2 = self._rows("pooled2", n)
-        fl.bn_relu_maxpool_forward(z2, self.bn2_scale, self.bn2_shift, pooled2,
-                                   self._rows("argmax2", n), s)
+        fl.bn_relu_maxpool_forward(
+            z2, self.bn2_scale, self.bn2_shift, pooled2, self._rows("argmax2", n), s
+        )
         mark("bn2+relu+pool2")
         flat = pooled2.reshape((n, c.flat_features))
         hidden = self._rows("hidden_act", n)
-        fl.linear_forward(flat, p["fc1.weight"], p["fc1.bias"], hidden, self.fc1_partials,
-                          relu=True, stream=s)
+        fl.linear_forward(
+            flat, p["fc1.weight"], p["fc1.bias"], hidden, self.fc1_partials, relu=True, stream=s
+        )
         mark("fc1 forward")
         return hidden
 
@@ -222,56 +291,106 @@ class FastCNN(CNNBase, _Layer):
         rm, rv = b[f"{name}.running_mean"], b[f"{name}.running_var"]
         scale, shift = getattr(self, f"{name}_scale"), getattr(self, f"{name}_shift")
         if training:
-            fl.bn_stats_finalize(partials, count, gamma, beta, self.config.bn_eps,
-                                 self.config.bn_momentum, rm, rv, getattr(self, f"{name}_mean"),
-                                 getattr(self, f"{name}_invstd"), scale, shift, self.stream)
+            fl.bn_stats_finalize(
+                partials,
+                count,
+                gamma,
+                beta,
+                self.config.bn_eps,
+                self.config.bn_momentum,
+                rm,
+                rv,
+                getattr(self, f"{name}_mean"),
+                getattr(self, f"{name}_invstd"),
+                scale,
+                shift,
+                self.stream,
+            )
         else:
-            fl.bn_eval_scale_shift(gamma, beta, rm, rv, self.config.bn_eps, scale, shift,
-                                   self.stream)
+            fl.bn_eval_scale_shift(
+                gamma, beta, rm, rv, self.config.bn_eps, scale, shift, self.stream
+            )
 
     def _loss_and_grads(self, n: int, mark=_no_mark) -> None:
         c, s, p, g = self.config, self.stream, self.params, self.grads
         hidden = self._forward_features(n, True, mark)
         labels = self._rows("y_static", n)
         d_hidden = self._rows("d_hidden", n)
-        fl.classifier_fused(hidden, p["fc2.weight"], p["fc2.bias"], labels,
-                            self._rows("logits", n), self._rows("row_loss", n),
-                            self._rows("dlogits", n), d_hidden, s)
+        fl.classifier_fused(
+            hidden,
+            p["fc2.weight"],
+            p["fc2.bias"],
+            labels,
+            self._rows("logits", n),
+            self._rows("row_loss", n),
+            self._rows("dlogits", n),
+            d_hidden,
+            s,
+        )
         mark("fc2+loss+grads")
         fl.mean_reduce(self._rows("row_loss", n), self.loss_buf, s)
         mark("loss mean")
         # backward
-        fl.linear_grad_weight(self._rows("dlogits", n), hidden, g["fc2.weight"], g["fc2.bias"],
-                              self.fc2_grad_partials, s)
+        fl.linear_grad_weight(
+            self._rows("dlogits", n),
+            hidden,
+            g["fc2.weight"],
+            g["fc2.bias"],
+            self.fc2_grad_partials,
+            s,
+        )
         mark("fc2 grad weight")
         flat = self._rows("pooled2", n).reshape((n, c.flat_features))
-        fl.linear_grad_weight(d_hidden, flat, g["fc1.weight"], g["fc1.bias"],
-                              self.fc1_grad_partials, s)
+        fl.linear_grad_weight(
+            d_hidden, flat, g["fc1.weight"], g["fc1.bias"], self.fc1_grad_partials, s
+        )
         mark("fc1 grad weight")
         d_pooled2 = self._rows("d_pooled2", n)
-        fl.linear_grad_input(d_hidden, p["fc1.weight"], d_pooled2.reshape((n, c.flat_features)),
-                             s)
+        fl.linear_grad_input(d_hidden, p["fc1.weight"], d_pooled2.reshape((n, c.flat_features)), s)
         mark("fc1 grad input")
-        dz2 = self._bn_backward("bn2", n, d_pooled2, self._rows("argmax2", n),
-                                self._rows("z2", n), self._rows("dz2", n),
-                                self.bn2_back_partials, mark)
+        dz2 = self._bn_backward(
+            "bn2",
+            n,
+            d_pooled2,
+            self._rows("argmax2", n),
+            self._rows("z2", n),
+            self._rows("dz2", n),
+            self.bn2_back_partials,
+            mark,
+        )
         h2, w2 = c.height // 2, c.width // 2
-        part2 = self._scratch("conv2_grad_partials", n, lambda k: (
-            fconv.conv2d_grad_weight_igemm_partials_shape(k, h2, w2, c.c2, c.c1, 3)))
-        fconv.conv2d_grad_weight_igemm(dz2, self._rows("pooled1", n), 1, g["conv2.weight"],
-                                       g["conv2.bias"], part2, stream=s)
+        part2 = self._scratch(
+            "conv2_grad_partials",
+            n,
+            lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(k, h2, w2, c.c2, c.c1, 3),
+        )
+        fconv.conv2d_grad_weight_igemm(
+            dz2, self._rows("pooled1", n), 1, g["conv2.weight"], g["conv2.bias"], part2, stream=s
+        )
         mark("conv2 grad weight")
         d_pooled1 = self._rows("d_pooled1", n)
         fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
         mark("conv2 grad input")
-        dz1 = self._bn_backward("bn1", n, d_pooled1, self._rows("argmax1", n),
-                                self._rows("z1", n), self._rows("dz1", n),
-                                self.bn1_back_partials, mark)
-        part1 = self._scratch("conv1_grad_partials", n, lambda k: (
-            fconv.conv2d_grad_weight_igemm_partials_shape(k, c.height, c.width, c.c1,
-                                                          c.in_channels, 3)))
-        fconv.conv2d_grad_weight_igemm(dz1, self._rows("x_static", n), 1, g["conv1.weight"],
-                                       g["conv1.bias"], part1, stream=s)
+        dz1 = self._bn_backward(
+            "bn1",
+            n,
+            d_pooled1,
+            self._rows("argmax1", n),
+            self._rows("z1", n),
+            self._rows("dz1", n),
+            self.bn1_back_partials,
+            mark,
+        )
+        part1 = self._scratch(
+            "conv1_grad_partials",
+            n,
+            lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(
+                k, c.height, c.width, c.c1, c.in_channels, 3
+            ),
+        )
+        fconv.conv2d_grad_weight_igemm(
+            dz1, self._rows("x_static", n), 1, g["conv1.weight"], g["conv1.bias"], part1, stream=s
+        )
         mark("conv1 grad weight")
 
     def _bn_backward(self, name, n, d_pooled, argmax, z, dz, partials_buf, mark) -> Any:
@@ -282,17 +401,26 @@ class FastCNN(CNNBase, _Layer):
         fl.bn_relu_maxpool_backward_reduce(d_pooled, argmax, z, *stats, partials, s)
         fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
         mark(f"{name} backward reduce")
-        fl.bn_relu_maxpool_backward_dx(d_pooled, argmax, z, *stats, p[f"{name}.weight"],
-                                       g[f"{name}.weight"], g[f"{name}.bias"], dz, s)
+        fl.bn_relu_maxpool_backward_dx(
+            d_pooled,
+            argmax,
+            z,
+            *stats,
+            p[f"{name}.weight"],
+            g[f"{name}.weight"],
+            g[f"{name}.bias"],
+            dz,
+            s,
+        )
         mark(f"{name} backward dx")
         return dz
 
     def _step(self, n: int, lr: float, mark=_no_mark) -> None:
         """Forward, loss, backward and SGD on x_static[:n], y_static[:n]: launches only."""
         self._loss_and_grads(n, mark)
-        naive.sgd_update_naive[naive._grid(self.params.flat.size)[0],
-                               naive.THREADS_PER_BLOCK, self.stream](
-            self.params.flat, self.grads.flat, lr)
+        naive.sgd_update_naive[
+            naive._grid(self.params.flat.size)[0], naive.THREADS_PER_BLOCK, self.stream
+        ](self.params.flat, self.grads.flat, lr)
         mark("sgd update")
 
     # -- input staging -------------------------------------------------------------
@@ -330,8 +458,7 @@ class FastCNN(CNNBase, _Layer):
         graph = self._graphs.get(key)
         if graph is None:
             self._step(n, lr)  # compiles and warms every kernel at this shape
-            self._graphs[key] = self.graph_backend.capture(self.stream,
-                                                           lambda: self._step(n, lr))
+            self._graphs[key] = self.graph_backend.capture(self.stream, lambda: self._step(n, lr))
         else:
             graph.launch(self.stream)
 
@@ -364,16 +491,24 @@ class FastCNN(CNNBase, _Layer):
         hidden = self._forward_features(n, training)
         logits = self._rows("logits", n)
         p = self.params
-        fl.linear_forward(hidden, p["fc2.weight"], p["fc2.bias"], logits, self.fc1_partials,
-                          relu=False, stream=self.stream)
+        fl.linear_forward(
+            hidden,
+            p["fc2.weight"],
+            p["fc2.bias"],
+            logits,
+            self.fc1_partials,
+            relu=False,
+            stream=self.stream,
+        )
         return logits
 
     def predict(self, x: Any) -> Any:
         """Predicted classes (N,) int32 device array (evaluation mode)."""
         logits = self.forward(x, training=False)
         out = self._rows("predictions", logits.shape[0])
-        naive.argmax_rows_naive[naive._grid(out.size)[0], naive.THREADS_PER_BLOCK,
-                                self.stream](logits, out)
+        naive.argmax_rows_naive[naive._grid(out.size)[0], naive.THREADS_PER_BLOCK, self.stream](
+            logits, out
+        )
         return out
 
     @property

@@ -90,6 +90,7 @@ def nchw_index(i, channels, height, width):
 # Convolution (stride 1, zero padding), NCHW x OIHW
 # ---------------------------------------------------------------------------
 
+
 # Thread per output: Ci*K*K multiply-adds, each reading one x and one w element
 # from global memory (2 loads per FMA, cached in L1/L2 by reuse across threads).
 @cuda.jit
@@ -206,6 +207,7 @@ def conv2d_grad_bias(dout, db) -> None:
 # Batch normalisation over (N, H, W) per channel, as torch.nn.BatchNorm2d
 # ---------------------------------------------------------------------------
 
+
 # Thread per channel, two passes over its N*H*W values (mean, then the biased
 # variance around it: more accurate than E[x^2] - E[x]^2). Also updates the
 # running statistics with the *unbiased* variance, as torch does.
@@ -249,8 +251,9 @@ def batchnorm_normalize_naive(x, mean, invstd, gamma, beta, xhat, y):
     y[n, c, h, w] = gamma[c] * xh + beta[c]
 
 
-def batchnorm_forward_train(x, gamma, beta, eps: float, momentum: float,
-                            mean, invstd, running_mean, running_var, xhat, y) -> None:
+def batchnorm_forward_train(
+    x, gamma, beta, eps: float, momentum: float, mean, invstd, running_mean, running_var, xhat, y
+) -> None:
     """Training-mode batchnorm of x (N, C, H, W) with the batch's statistics.
 
     Writes mean (C,), invstd (C,) = 1/sqrt(biased var + eps), xhat and y (N, C, H, W);
@@ -258,7 +261,8 @@ def batchnorm_forward_train(x, gamma, beta, eps: float, momentum: float,
     (new = (1 - momentum) old + momentum batch value; unbiased variance).
     """
     batchnorm_stats_naive[_grid(mean.size)](
-        x, eps, momentum, mean, invstd, running_mean, running_var)
+        x, eps, momentum, mean, invstd, running_mean, running_var
+    )
     batchnorm_normalize_naive[_grid(x.size)](x, mean, invstd, gamma, beta, xhat, y)
 
 
@@ -309,7 +313,8 @@ def batchnorm_backward_dx_naive(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
     count = batch * height * width
     n, c, h, w = nchw_index(i, channels, height, width)
     dx[n, c, h, w] = (gamma[c] * invstd[c] / count) * (
-        count * dy[n, c, h, w] - dbeta[c] - xhat[n, c, h, w] * dgamma[c])
+        count * dy[n, c, h, w] - dbeta[c] - xhat[n, c, h, w] * dgamma[c]
+    )
 
 
 def batchnorm_backward(dy, xhat, gamma, invstd, dgamma, dbeta, dx) -> None:
@@ -322,6 +327,7 @@ def batchnorm_backward(dy, xhat, gamma, invstd, dgamma, dbeta, dx) -> None:
 # ---------------------------------------------------------------------------
 # ReLU (any shape; the launchers flatten C-contiguous arrays to 1-D)
 # ---------------------------------------------------------------------------
+
 
 # Thread per element: one read, one write (memory-bound: 8 bytes per element).
 @cuda.jit
@@ -357,6 +363,7 @@ def relu_backward(dy, x, dx) -> None:
 # ---------------------------------------------------------------------------
 # Max-pool 2x2, stride 2 (floor mode: a trailing odd row/column is dropped)
 # ---------------------------------------------------------------------------
+
 
 # Thread per output: reads its 2x2 window, keeps the first maximum in row-major
 # order (as torch does) and its flat index into x, for the backward pass.
@@ -414,6 +421,7 @@ def maxpool2x2_backward(dout, argmax, dx) -> None:
 # ---------------------------------------------------------------------------
 # Linear: y = x W^T + b, x (N, I), W (O, I) as torch.nn.Linear
 # ---------------------------------------------------------------------------
+
 
 # Thread per output (n, o): an I-long dot product, 2 loads per FMA (no reuse
 # through shared memory: the matmul chapter's tiling is the faster version).
@@ -490,6 +498,7 @@ def linear_backward(dy, x, w, dx, dw, db) -> None:
 # ---------------------------------------------------------------------------
 # Log-softmax + negative log-likelihood (cross-entropy), mean over the batch
 # ---------------------------------------------------------------------------
+
 
 # Thread per row: max, log-sum-exp around it (no overflow), C log-probabilities,
 # and the row's loss. A label outside [0, C) gives a NaN loss (a device-side
@@ -578,6 +587,7 @@ def argmax_rows(logits, out) -> None:
 # ---------------------------------------------------------------------------
 # SGD
 # ---------------------------------------------------------------------------
+
 
 # Thread per parameter: 12 bytes of traffic per element (read p and g, write p).
 # The model keeps all parameters in one flat buffer, so one launch updates them all.

@@ -71,9 +71,18 @@ class NetConfig:
 
 
 PARAM_NAMES = (
-    "conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias",
-    "conv2.weight", "conv2.bias", "bn2.weight", "bn2.bias",
-    "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
+    "conv1.weight",
+    "conv1.bias",
+    "bn1.weight",
+    "bn1.bias",
+    "conv2.weight",
+    "conv2.bias",
+    "bn2.weight",
+    "bn2.bias",
+    "fc1.weight",
+    "fc1.bias",
+    "fc2.weight",
+    "fc2.bias",
 )
 BUFFER_NAMES = ("bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var")
 # torch's BatchNorm2d also keeps a step counter; we keep it (on the host) so
@@ -85,14 +94,22 @@ def param_shapes(config: NetConfig) -> dict[str, tuple[int, ...]]:
     """Torch shapes of every parameter and buffer: conv OIHW, linear (out, in)."""
     c = config
     return {
-        "conv1.weight": (c.c1, c.in_channels, 3, 3), "conv1.bias": (c.c1,),
-        "bn1.weight": (c.c1,), "bn1.bias": (c.c1,),
-        "conv2.weight": (c.c2, c.c1, 3, 3), "conv2.bias": (c.c2,),
-        "bn2.weight": (c.c2,), "bn2.bias": (c.c2,),
-        "fc1.weight": (c.hidden, c.flat_features), "fc1.bias": (c.hidden,),
-        "fc2.weight": (c.num_classes, c.hidden), "fc2.bias": (c.num_classes,),
-        "bn1.running_mean": (c.c1,), "bn1.running_var": (c.c1,),
-        "bn2.running_mean": (c.c2,), "bn2.running_var": (c.c2,),
+        "conv1.weight": (c.c1, c.in_channels, 3, 3),
+        "conv1.bias": (c.c1,),
+        "bn1.weight": (c.c1,),
+        "bn1.bias": (c.c1,),
+        "conv2.weight": (c.c2, c.c1, 3, 3),
+        "conv2.bias": (c.c2,),
+        "bn2.weight": (c.c2,),
+        "bn2.bias": (c.c2,),
+        "fc1.weight": (c.hidden, c.flat_features),
+        "fc1.bias": (c.hidden,),
+        "fc2.weight": (c.num_classes, c.hidden),
+        "fc2.bias": (c.num_classes,),
+        "bn1.running_mean": (c.c1,),
+        "bn1.running_var": (c.c1,),
+        "bn2.running_mean": (c.c2,),
+        "bn2.running_var": (c.c2,),
     }
 
 
@@ -139,8 +156,9 @@ class _FlatStore:
             self.offsets[name] = (total, total + size)
             total += size
         self.flat = cuda.device_array(total, dtype=np.float32)
-        self.views = {name: self.flat[a:b].reshape(self.shapes[name])
-                      for name, (a, b) in self.offsets.items()}
+        self.views = {
+            name: self.flat[a:b].reshape(self.shapes[name]) for name, (a, b) in self.offsets.items()
+        }
 
     def __getitem__(self, name: str) -> Any:
         return self.views[name]
@@ -153,8 +171,10 @@ class _FlatStore:
 
     def download(self) -> dict[str, np.ndarray]:
         host = self.flat.copy_to_host()
-        return {name: host[a:b].reshape(self.shapes[name]).copy()
-                for name, (a, b) in self.offsets.items()}
+        return {
+            name: host[a:b].reshape(self.shapes[name]).copy()
+            for name, (a, b) in self.offsets.items()
+        }
 
 
 class _Layer:
@@ -226,18 +246,30 @@ class BatchNorm2d(_Layer):
         out = self._rows("out", n)
         if training:
             kernels.batchnorm_forward_train(
-                x, self.gamma, self.beta, self.eps, self.momentum, self.mean, self.invstd,
-                self.running_mean, self.running_var, self._rows("xhat", n), out)
+                x,
+                self.gamma,
+                self.beta,
+                self.eps,
+                self.momentum,
+                self.mean,
+                self.invstd,
+                self.running_mean,
+                self.running_var,
+                self._rows("xhat", n),
+                out,
+            )
         else:
-            kernels.batchnorm_forward_eval(x, self.gamma, self.beta, self.running_mean,
-                                     self.running_var, self.eps, out)
+            kernels.batchnorm_forward_eval(
+                x, self.gamma, self.beta, self.running_mean, self.running_var, self.eps, out
+            )
         return out
 
     def backward(self, dout):
         n = dout.shape[0]
         dx = self._rows("dx", n)
-        kernels.batchnorm_backward(dout, self._rows("xhat", n), self.gamma, self.invstd,
-                             self.dgamma, self.dbeta, dx)
+        kernels.batchnorm_backward(
+            dout, self._rows("xhat", n), self.gamma, self.invstd, self.dgamma, self.dbeta, dx
+        )
         return dx
 
 
@@ -316,8 +348,9 @@ class LogSoftmaxNLL(_Layer):
     def forward(self, logits, labels):
         self.labels = labels
         n = logits.shape[0]
-        kernels.log_softmax_nll_forward(logits, labels, self._rows("logprobs", n),
-                                  self._rows("row_loss", n), self.loss)
+        kernels.log_softmax_nll_forward(
+            logits, labels, self._rows("logprobs", n), self._rows("row_loss", n), self.loss
+        )
         return self.loss
 
     def backward(self):
@@ -416,7 +449,8 @@ class CNNBase:
             a = np.asarray(state[name])
             if a.shape != shapes[name]:
                 raise ValueError(
-                    f"{name}: shape {a.shape}, expected {shapes[name]} for {self.config}")
+                    f"{name}: shape {a.shape}, expected {shapes[name]} for {self.config}"
+                )
             if a.dtype.kind != "f":
                 raise ValueError(f"{name}: dtype {a.dtype}, expected a float dtype (float32)")
             if not np.all(np.isfinite(a)):
@@ -429,8 +463,7 @@ class CNNBase:
 
     # -- checks --------------------------------------------------------------
 
-    def validate_batch(self, x: Any, y: Any = None, allow_host: bool = False
-                       ) -> tuple[Any, Any]:
+    def validate_batch(self, x: Any, y: Any = None, allow_host: bool = False) -> tuple[Any, Any]:
         """Check a batch's shapes, dtypes and layout (no host copy); return device arrays.
 
         x: float32 (N, C, H, W) C-contiguous device array, 1 <= N <= max_batch;
@@ -453,17 +486,22 @@ class CNNBase:
         x = as_array(x, "x")
         want = (c.in_channels, c.height, c.width)
         if len(x.shape) != 4 or tuple(x.shape[1:]) != want:
-            raise ValueError(f"x has shape {tuple(x.shape)}, expected (N, {want[0]}, {want[1]}, "
-                             f"{want[2]}) (NCHW; add a channel axis with x[:, None])")
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}, expected (N, {want[0]}, {want[1]}, "
+                f"{want[2]}) (NCHW; add a channel axis with x[:, None])"
+            )
         n = x.shape[0]
         if not 1 <= n <= self.max_batch:
-            raise ValueError(f"batch size N={n} must be between 1 and max_batch="
-                             f"{self.max_batch} (make the model with a larger max_batch)")
+            raise ValueError(
+                f"batch size N={n} must be between 1 and max_batch="
+                f"{self.max_batch} (make the model with a larger max_batch)"
+            )
         if x.dtype != np.float32:
             raise ValueError(f"x has dtype {x.dtype}, expected float32 (x.astype(np.float32))")
         if not _is_c_contiguous(x):
-            raise ValueError("x is not C-contiguous; copy it with np.ascontiguousarray "
-                             "before cuda.to_device")
+            raise ValueError(
+                "x is not C-contiguous; copy it with np.ascontiguousarray before cuda.to_device"
+            )
         if y is None:
             return x, None
         y = as_array(y, "y")
@@ -493,8 +531,9 @@ class NumbaCNN(CNNBase):
         ValueError: max_batch < 1, or ``params`` has wrong names, shapes or dtypes.
     """
 
-    def __init__(self, config: NetConfig, max_batch: int, seed: int = 0,
-                 params: dict | None = None) -> None:
+    def __init__(
+        self, config: NetConfig, max_batch: int, seed: int = 0, params: dict | None = None
+    ) -> None:
         super().__init__(config, max_batch)
         c, h, w = config.in_channels, config.height, config.width
         p, g, b, m = self.params, self.grads, self.buffers, self.max_batch

@@ -46,7 +46,7 @@ def conv2d_forward(x: np.ndarray, w: np.ndarray, b: np.ndarray, pad: int = 1):
     out = np.zeros((x.shape[0], w.shape[0], h_out, w_out))
     for p in range(k_h):
         for q in range(k_w):
-            out += np.einsum("nchw,oc->nohw", xp[:, :, p:p + h_out, q:q + w_out], w[:, :, p, q])
+            out += np.einsum("nchw,oc->nohw", xp[:, :, p : p + h_out, q : q + w_out], w[:, :, p, q])
     return out + b[None, :, None, None], (x, w, pad)
 
 
@@ -59,10 +59,12 @@ def conv2d_backward(dout: np.ndarray, cache):
     h_out, w_out = dout.shape[2], dout.shape[3]
     for p in range(w.shape[2]):
         for q in range(w.shape[3]):
-            window = xp[:, :, p:p + h_out, q:q + w_out]
+            window = xp[:, :, p : p + h_out, q : q + w_out]
             dw[:, :, p, q] = np.einsum("nohw,nchw->oc", dout, window)
-            dxp[:, :, p:p + h_out, q:q + w_out] += np.einsum("nohw,oc->nchw", dout, w[:, :, p, q])
-    dx = dxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
+            dxp[:, :, p : p + h_out, q : q + w_out] += np.einsum(
+                "nohw,oc->nchw", dout, w[:, :, p, q]
+            )
+    dx = dxp[:, :, pad : pad + x.shape[2], pad : pad + x.shape[3]]
     return dx, dw, dout.sum(axis=(0, 2, 3))
 
 
@@ -71,8 +73,9 @@ def conv2d_backward(dout: np.ndarray, cache):
 # ---------------------------------------------------------------------------
 
 
-def batchnorm_forward_train(x, gamma, beta, running_mean, running_var,
-                            eps: float = 1e-5, momentum: float = 0.1):
+def batchnorm_forward_train(
+    x, gamma, beta, running_mean, running_var, eps: float = 1e-5, momentum: float = 0.1
+):
     """Normalise with the batch's mean and biased variance; return
     (y, cache, new_running_mean, new_running_var). The running variance is
     updated with the unbiased variance (factor M / (M - 1), M = N*H*W), as torch."""
@@ -90,8 +93,9 @@ def batchnorm_forward_train(x, gamma, beta, running_mean, running_var,
 def batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps: float = 1e-5):
     """Normalise with the running statistics (evaluation mode)."""
     scale = gamma / np.sqrt(running_var + eps)
-    return (x - running_mean[None, :, None, None]) * scale[None, :, None, None] \
-        + beta[None, :, None, None]
+    return (x - running_mean[None, :, None, None]) * scale[None, :, None, None] + beta[
+        None, :, None, None
+    ]
 
 
 def batchnorm_backward(dy, cache):
@@ -105,7 +109,8 @@ def batchnorm_backward(dy, cache):
     dbeta = dy.sum(axis=(0, 2, 3))
     dgamma = (dy * xhat).sum(axis=(0, 2, 3))
     dx = _per_channel(gamma * invstd / m) * (
-        m * dy - _per_channel(dbeta) - xhat * _per_channel(dgamma))
+        m * dy - _per_channel(dbeta) - xhat * _per_channel(dgamma)
+    )
     return dx, dgamma, dbeta
 
 
@@ -141,7 +146,7 @@ def maxpool2x2_forward(x, taken=None):
     """
     n, c, h, w = x.shape
     ho, wo = h // 2, w // 2
-    windows = x[:, :, :2 * ho, :2 * wo].reshape(n, c, ho, 2, wo, 2)
+    windows = x[:, :, : 2 * ho, : 2 * wo].reshape(n, c, ho, 2, wo, 2)
     windows = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, 4)
     arg = windows.argmax(axis=-1) if taken is None else np.asarray(taken, np.int64)
     out = np.take_along_axis(windows, arg[..., None], axis=-1)[..., 0]
@@ -155,7 +160,7 @@ def maxpool2x2_backward(dout, cache):
     onehot = np.arange(4) == arg[..., None]  # (n, c, ho, wo, 4)
     windows = (onehot * dout[..., None]).reshape(n, c, ho, wo, 2, 2)
     dx = np.zeros(shape)
-    dx[:, :, :2 * ho, :2 * wo] = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, 2 * ho, 2 * wo)
+    dx[:, :, : 2 * ho, : 2 * wo] = windows.transpose(0, 1, 2, 4, 3, 5).reshape(n, c, 2 * ho, 2 * wo)
     return dx
 
 
@@ -205,15 +210,18 @@ def _buffers(state: dict[str, Any], config) -> dict[str, np.ndarray]:
     """Running statistics from ``state``, or torch's initial values when absent."""
     out = {}
     for bn, c in (("bn1", config.c1), ("bn2", config.c2)):
-        out[f"{bn}.running_mean"] = np.asarray(state.get(f"{bn}.running_mean", np.zeros(c)),
-                                               dtype=np.float64)
-        out[f"{bn}.running_var"] = np.asarray(state.get(f"{bn}.running_var", np.ones(c)),
-                                              dtype=np.float64)
+        out[f"{bn}.running_mean"] = np.asarray(
+            state.get(f"{bn}.running_mean", np.zeros(c)), dtype=np.float64
+        )
+        out[f"{bn}.running_var"] = np.asarray(
+            state.get(f"{bn}.running_var", np.ones(c)), dtype=np.float64
+        )
     return out
 
 
-def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bool = False,
-                      pool_windows=None):
+def reference_forward(
+    state: dict[str, Any], x: np.ndarray, config, training: bool = False, pool_windows=None
+):
     """Logits (N, num_classes) float64 of the network for x (N, C, H, W).
 
     ``training`` selects batch statistics (True) or the running statistics in
@@ -238,11 +246,11 @@ def reference_forward(state: dict[str, Any], x: np.ndarray, config, training: bo
         rm, rv = buf[f"{bn}.running_mean"], buf[f"{bn}.running_var"]
         if training:
             h, caches[bn], nm, nv = batchnorm_forward_train(
-                h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv, config.bn_eps, config.bn_momentum)
+                h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv, config.bn_eps, config.bn_momentum
+            )
             new_buffers[f"{bn}.running_mean"], new_buffers[f"{bn}.running_var"] = nm, nv
         else:
-            h = batchnorm_forward_eval(h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv,
-                                       config.bn_eps)
+            h = batchnorm_forward_eval(h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv, config.bn_eps)
         h, caches[f"relu_{bn}"] = relu_forward(h)
         if pool_windows is None:
             h, caches[f"pool_{bn}"] = maxpool2x2_forward(h)
@@ -283,8 +291,7 @@ def reference_loss_and_grads(state: dict[str, Any], x: np.ndarray, y: np.ndarray
     return loss, grads, new_buffers
 
 
-def reference_train_step(params: dict[str, Any], x: np.ndarray, y: np.ndarray, lr: float,
-                         config):
+def reference_train_step(params: dict[str, Any], x: np.ndarray, y: np.ndarray, lr: float, config):
     """One plain-SGD step in float64: (loss before the step, new_params, new_buffers).
 
     params: the parameters by torch name (as :func:`final_project.model.init_params`

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 import importlib.util
 import math
@@ -82,8 +83,9 @@ def _why_unavailable(name: str, device: torch.device) -> str | None:
         ValueError: ``name`` is not one of TORCH_CONFIGS.
     """
     if name not in TORCH_CONFIGS:
-        raise ValueError(f"unknown torch configuration {name!r}; choose one of "
-                         f"{', '.join(TORCH_CONFIGS)}")
+        raise ValueError(
+            f"unknown torch configuration {name!r}; choose one of {', '.join(TORCH_CONFIGS)}"
+        )
     if device.type == "cuda" and not torch.cuda.is_available():
         return "this torch sees no CUDA GPU"
     if name in _GPU_ONLY and device.type != "cuda":
@@ -97,8 +99,10 @@ def _why_unavailable(name: str, device: torch.device) -> str | None:
         names = inductor_config.cpp.cxx
         names = (names,) if isinstance(names, str) else names
         if not any(n and shutil.which(n) for n in names):
-            return ("TorchInductor needs a C++ compiler for the CPU and found none of "
-                    f"{[n for n in names if n]} on PATH")
+            return (
+                "TorchInductor needs a C++ compiler for the CPU and found none of "
+                f"{[n for n in names if n]} on PATH"
+            )
         return None
     if device.type == "cuda":
         # Inductor writes Triton kernels for the GPU; Triton needs compute capability 7.0+.
@@ -106,7 +110,9 @@ def _why_unavailable(name: str, device: torch.device) -> str | None:
             return "TorchInductor needs Triton for the GPU and it is not installed"
         major, minor = torch.cuda.get_device_capability(device)
         if major < 7:
-            return f"TorchInductor's Triton kernels need compute capability 7.0+, got {major}.{minor}"
+            return (
+                f"TorchInductor's Triton kernels need compute capability 7.0+, got {major}.{minor}"
+            )
         return None
     return f"this module compiles only for the CPU and CUDA, not {device.type}"
 
@@ -126,25 +132,36 @@ def available_configs(device: torch.device | str) -> tuple[str, ...]:
     return tuple(n for n in TORCH_CONFIGS if _why_unavailable(n, device) is None)
 
 
-def _check_batch(x: torch.Tensor, y: torch.Tensor, config: NetConfig,
-                 device: torch.device) -> None:
+def _check_batch(x: torch.Tensor, y: torch.Tensor, config: NetConfig, device: torch.device) -> None:
     want = (config.in_channels, config.height, config.width)
     if x.dim() != 4 or tuple(x.shape[1:]) != want or x.dtype != torch.float32:
-        raise ValueError(f"x must be a float32 tensor (N, {want[0]}, {want[1]}, {want[2]}), "
-                         f"got {x.dtype} {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be a float32 tensor (N, {want[0]}, {want[1]}, {want[2]}), "
+            f"got {x.dtype} {tuple(x.shape)}"
+        )
     if y.shape != (x.shape[0],) or y.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"y must be an int32 or int64 tensor ({x.shape[0]},), "
-                         f"got {y.dtype} {tuple(y.shape)}")
+        raise ValueError(
+            f"y must be an int32 or int64 tensor ({x.shape[0]},), got {y.dtype} {tuple(y.shape)}"
+        )
     for t, label in ((x, "x"), (y, "y")):
-        if t.device.type != device.type or (device.index is not None
-                                            and t.device.index != device.index):
-            raise ValueError(f"{label} is on {t.device}, not on {device}: the step reads the "
-                             f"batch where it lives, so allocate {label} on {device}")
+        if t.device.type != device.type or (
+            device.index is not None and t.device.index != device.index
+        ):
+            raise ValueError(
+                f"{label} is on {t.device}, not on {device}: the step reads the "
+                f"batch where it lives, so allocate {label} on {device}"
+            )
 
 
-def make_torch_step(config_name: str, net_config: NetConfig, state: dict[str, Any],
-                    x: torch.Tensor, y: torch.Tensor, lr: float,
-                    device: torch.device | str) -> TorchStep:
+def make_torch_step(
+    config_name: str,
+    net_config: NetConfig,
+    state: dict[str, Any],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    device: torch.device | str,
+) -> TorchStep:
     """A fresh twin of ``state`` and its training step in configuration ``config_name``.
 
     Args:
@@ -201,8 +218,10 @@ def make_torch_step(config_name: str, net_config: NetConfig, state: dict[str, An
     device = torch.device(device)
     reason = _why_unavailable(config_name, device)
     if reason is not None:
-        raise ValueError(f"torch configuration {config_name!r} cannot run here: {reason}; "
-                         f"available on {device}: {', '.join(available_configs(device))}")
+        raise ValueError(
+            f"torch configuration {config_name!r} cannot run here: {reason}; "
+            f"available on {device}: {', '.join(available_configs(device))}"
+        )
     _check_batch(x, y, net_config, device)
     model = TorchCNN.from_state_dict(net_config, state, device)
     model.train()
@@ -219,8 +238,9 @@ def _nan_loss(device: torch.device) -> torch.Tensor:
     return torch.full((), math.nan, dtype=torch.float32, device=device)
 
 
-def _eager_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor,
-                y: torch.Tensor) -> TorchStep:
+def _eager_step(
+    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> TorchStep:
     last = [_nan_loss(x.device)]
 
     def run() -> None:
@@ -229,8 +249,9 @@ def _eager_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor,
     return TorchStep(run, lambda: last[0].clone(), model)
 
 
-def _compiled_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor,
-                   y: torch.Tensor, mode: str | None) -> TorchStep:
+def _compiled_step(
+    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, mode: str | None
+) -> TorchStep:
     # The module is compiled (dynamo traces forward, AOTAutograd
     # derives the backward, inductor fuses both) and so is the optimizer step,
     # which eagerly is one foreach launch per group; the loss stays eager.
@@ -258,8 +279,9 @@ def _compiled_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor,
     return TorchStep(run, lambda: last[0].clone(), model)
 
 
-def _cuda_graph_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor,
-                     y: torch.Tensor) -> TorchStep:
+def _cuda_graph_step(
+    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> TorchStep:
     # PyTorch's "whole network capture" recipe. Capture records kernels without
     # running them, so everything that allocates or initialises lazily (cuBLAS
     # and cuDNN handles, workspaces, the caching allocator's blocks) must have
@@ -291,8 +313,9 @@ def _cuda_graph_step(model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tenso
     return TorchStep(graph.replay, lambda: static_loss.clone(), model)
 
 
-def time_torch_config(step: Callable[[], None], steps: int, windows: int, warmup: int,
-                      device: torch.device | str) -> list[float]:
+def time_torch_config(
+    step: Callable[[], None], steps: int, windows: int, warmup: int, device: torch.device | str
+) -> list[float]:
     """Milliseconds of each of ``windows`` windows of ``steps`` consecutive ``step()`` calls.
 
     ``warmup`` untimed calls run first (compilation, cudagraph recording,
@@ -317,8 +340,10 @@ def time_torch_config(step: Callable[[], None], steps: int, windows: int, warmup
         ValueError: steps or windows < 1, or warmup < 0.
     """
     if steps < 1 or windows < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1, windows >= 1, warmup >= 0; got steps={steps}, "
-                         f"windows={windows}, warmup={warmup}")
+        raise ValueError(
+            f"need steps >= 1, windows >= 1, warmup >= 0; got steps={steps}, "
+            f"windows={windows}, warmup={warmup}"
+        )
     device = torch.device(device)
     for _ in range(warmup):
         step()

@@ -45,8 +45,13 @@ class TorchCNN(nn.Module):
         return self.fc2(x)
 
     @classmethod
-    def from_state_dict(cls, config: NetConfig, state: dict[str, Any], device: Any = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "TorchCNN":
+    def from_state_dict(
+        cls,
+        config: NetConfig,
+        state: dict[str, Any],
+        device: Any = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> "TorchCNN":
         """A twin holding ``state`` (NumPy arrays by torch name, e.g.
         ``NumbaCNN.state_dict()`` or ``init_params``) on ``device`` in ``dtype``.
         Missing buffers keep torch's initial values; a wrong name or shape raises
@@ -56,13 +61,16 @@ class TorchCNN(nn.Module):
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         params = {name for name, _ in model.named_parameters()}
         if unexpected or params & set(missing):
-            raise RuntimeError(f"state does not fit TorchCNN: missing {sorted(missing)}, "
-                               f"unexpected {sorted(unexpected)}")
+            raise RuntimeError(
+                f"state does not fit TorchCNN: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
         return model.to(device=device, dtype=dtype)
 
 
-def torch_train_step(model: nn.Module, optimizer: torch.optim.Optimizer,
-                     x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def torch_train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
     """zero_grad, forward (train mode), cross-entropy (mean), backward, optimizer step.
 
     x (N, C, H, W) float, y (N,) integer labels, on the model's device. Returns

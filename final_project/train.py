@@ -35,6 +35,7 @@ from __future__ import annotations
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.internal import racecheck
+
 # isort: on
 from common.checking import CheckError
 from common.runtime import device_name
@@ -90,8 +91,10 @@ class TinyRun:
     log_every: int = 8
 
     def describe(self) -> str:
-        return (f"tiny run: digits shrunk to {self.image_size}x{self.image_size}, "
-                f"{self.n_train} training images, test on {self.n_test}")
+        return (
+            f"tiny run: digits shrunk to {self.image_size}x{self.image_size}, "
+            f"{self.n_train} training images, test on {self.n_test}"
+        )
 
 
 TINY = TinyRun()
@@ -138,49 +141,104 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     """
     net, tiny = NetConfig(), TINY
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", choices=sorted(datasets.DATASETS), default=None,
-                   help="mnist (default) or fashion-mnist")
-    g.add_argument("--data-dir", metavar="DIR",
-                   help="folder holding the four IDX files (.gz or raw), or torchvision's "
-                        "DIR/MNIST/raw layout; an error if they are not there")
-    g.add_argument("--cache-dir", metavar="DIR",
-                   help="download cache (default ~/.cache/cuda-python-course/<dataset>)")
-    g.add_argument("--no-download", action="store_true",
-                   help="never touch the network (MNIST then falls back to the sample)")
-    g.add_argument("--sample", action="store_true",
-                   help="train on the shipped sample of 2,000 real MNIST digits")
-    g.add_argument("--train-from-test", type=positive_int, metavar="N",
-                   help="train on the first N images of the test split, test on the rest "
-                        "(for example 8000: no training images needed)")
-    t = p.add_argument_group("training (defaults: full run on a GPU / tiny run in the "
-                             "simulator)")
-    t.add_argument("--epochs", type=positive_int, metavar="N",
-                   help=f"passes over the training set (default {DEFAULT_EPOCHS} / "
-                        f"{tiny.epochs})")
-    t.add_argument("--batch-size", type=positive_int, metavar="N",
-                   help=f"images per step (default {DEFAULT_BATCH} / {tiny.batch_size})")
-    t.add_argument("--lr", type=positive_float, metavar="LR",
-                   help=f"plain SGD learning rate (default {DEFAULT_LR} / {tiny.lr})")
+    g.add_argument(
+        "--dataset",
+        choices=sorted(datasets.DATASETS),
+        default=None,
+        help="mnist (default) or fashion-mnist",
+    )
+    g.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="folder holding the four IDX files (.gz or raw), or torchvision's "
+        "DIR/MNIST/raw layout; an error if they are not there",
+    )
+    g.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="download cache (default ~/.cache/cuda-python-course/<dataset>)",
+    )
+    g.add_argument(
+        "--no-download",
+        action="store_true",
+        help="never touch the network (MNIST then falls back to the sample)",
+    )
+    g.add_argument(
+        "--sample",
+        action="store_true",
+        help="train on the shipped sample of 2,000 real MNIST digits",
+    )
+    g.add_argument(
+        "--train-from-test",
+        type=positive_int,
+        metavar="N",
+        help="train on the first N images of the test split, test on the rest "
+        "(for example 8000: no training images needed)",
+    )
+    t = p.add_argument_group("training (defaults: full run on a GPU / tiny run in the simulator)")
+    t.add_argument(
+        "--epochs",
+        type=positive_int,
+        metavar="N",
+        help=f"passes over the training set (default {DEFAULT_EPOCHS} / {tiny.epochs})",
+    )
+    t.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="N",
+        help=f"images per step (default {DEFAULT_BATCH} / {tiny.batch_size})",
+    )
+    t.add_argument(
+        "--lr",
+        type=positive_float,
+        metavar="LR",
+        help=f"plain SGD learning rate (default {DEFAULT_LR} / {tiny.lr})",
+    )
     t.add_argument("--seed", type=int, default=0, help="initial weights and shuffling (default 0)")
-    t.add_argument("--max-steps", type=positive_int, metavar="N",
-                   help="stop after this many steps in all")
-    t.add_argument("--c1", type=positive_int, metavar="N",
-                   help=f"conv1 channels (default {net.c1} / {tiny.c1})")
-    t.add_argument("--c2", type=positive_int, metavar="N",
-                   help=f"conv2 channels (default {net.c2} / {tiny.c2})")
-    t.add_argument("--hidden", type=positive_int, metavar="N",
-                   help=f"fc1 width (default {net.hidden} / {tiny.hidden})")
-    t.add_argument("--kernels", choices=("fast", "naive"), default=None,
-                   help="fast: fused and tiled kernels (fast_model.FastCNN; default on a GPU); "
-                        "naive: one thread per output (model.NumbaCNN), the readable baseline "
-                        "(default in the simulator, where it runs 3x faster)")
-    t.add_argument("--graph", action=argparse.BooleanOptionalAction, default=None,
-                   help="replay each training step as one CUDA graph (fast kernels; default "
-                        "on a GPU; the simulator has no graphs)")
-    t.add_argument("--tiny", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"the simulator's small run: {tiny.image_size}x{tiny.image_size} "
-                        f"digits, {tiny.n_train} training and {tiny.n_test} test images "
-                        "(default: on in the simulator, off on a GPU)")
+    t.add_argument(
+        "--max-steps", type=positive_int, metavar="N", help="stop after this many steps in all"
+    )
+    t.add_argument(
+        "--c1",
+        type=positive_int,
+        metavar="N",
+        help=f"conv1 channels (default {net.c1} / {tiny.c1})",
+    )
+    t.add_argument(
+        "--c2",
+        type=positive_int,
+        metavar="N",
+        help=f"conv2 channels (default {net.c2} / {tiny.c2})",
+    )
+    t.add_argument(
+        "--hidden",
+        type=positive_int,
+        metavar="N",
+        help=f"fc1 width (default {net.hidden} / {tiny.hidden})",
+    )
+    t.add_argument(
+        "--kernels",
+        choices=("fast", "naive"),
+        default=None,
+        help="fast: fused and tiled kernels (fast_model.FastCNN; default on a GPU); "
+        "naive: one thread per output (model.NumbaCNN), the readable baseline "
+        "(default in the simulator, where it runs 3x faster)",
+    )
+    t.add_argument(
+        "--graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay each training step as one CUDA graph (fast kernels; default "
+        "on a GPU; the simulator has no graphs)",
+    )
+    t.add_argument(
+        "--tiny",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"the simulator's small run: {tiny.image_size}x{tiny.image_size} "
+        f"digits, {tiny.n_train} training and {tiny.n_test} test images "
+        "(default: on in the simulator, off on a GPU)",
+    )
 
 
 def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -227,8 +285,9 @@ def describe_kernels(args: argparse.Namespace) -> str:
     return "fast kernels, " + ("one CUDA graph a step" if args.graph else "eager launches")
 
 
-def make_model(args: argparse.Namespace, config: NetConfig, params: dict,
-               max_batch: int | None = None) -> NumbaCNN | FastCNN:
+def make_model(
+    args: argparse.Namespace, config: NetConfig, params: dict, max_batch: int | None = None
+) -> NumbaCNN | FastCNN:
     """The model ``--kernels`` and ``--graph`` ask for, holding ``params``."""
     max_batch = max_batch or args.batch_size
     if args.kernels == "naive":
@@ -244,9 +303,13 @@ def load_data(args: argparse.Namespace, log=print) -> datasets.Dataset:
         ValueError: a --train-from-test that leaves no images on one side.
     """
     ds = datasets.load_dataset(
-        args.dataset, data_dir=args.data_dir, cache_dir=args.cache_dir,
-        allow_download=not args.no_download, use_sample=args.sample,
-        test_only=args.train_from_test is not None, log=log,
+        args.dataset,
+        data_dir=args.data_dir,
+        cache_dir=args.cache_dir,
+        allow_download=not args.no_download,
+        use_sample=args.sample,
+        test_only=args.train_from_test is not None,
+        log=log,
         progress=sys.stderr.isatty(),
     )
     if args.train_from_test is not None:
@@ -272,14 +335,19 @@ def net_config(args: argparse.Namespace) -> NetConfig:
 
 def describe_config(config: NetConfig) -> str:
     """The sizes a learner chose, in words: "channels 2/4, hidden 16, 8x8 input"."""
-    return (f"channels {config.c1}/{config.c2}, hidden {config.hidden}, "
-            f"{config.height}x{config.width} input")
+    return (
+        f"channels {config.c1}/{config.c2}, hidden {config.hidden}, "
+        f"{config.height}x{config.width} input"
+    )
 
 
 def describe_evaluation() -> str:
     """What computes the test accuracy here (see :func:`evaluate`)."""
-    return ("our kernels" if not common.is_simulator()
-            else "the NumPy float64 forward pass of the trained weights")
+    return (
+        "our kernels"
+        if not common.is_simulator()
+        else "the NumPy float64 forward pass of the trained weights"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -329,8 +397,9 @@ def load_checkpoint(path: str | Path) -> tuple[NetConfig, dict[str, np.ndarray],
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint (train writes "
-                                f"{DEFAULT_OUT}/checkpoint.npz)")
+        raise FileNotFoundError(
+            f"{path}: no such checkpoint (train writes {DEFAULT_OUT}/checkpoint.npz)"
+        )
     with np.load(path, allow_pickle=False) as z:
         if "__meta__" not in z.files:
             raise ValueError(f"{path} is not a final_project checkpoint (no __meta__ entry)")
@@ -388,8 +457,11 @@ def train(
     losses = cuda.device_array(len(train_batches), np.float32)
     history = []
     step = 0
-    total = epochs * len(train_batches) if max_steps is None else min(
-        max_steps, epochs * len(train_batches))
+    total = (
+        epochs * len(train_batches)
+        if max_steps is None
+        else min(max_steps, epochs * len(train_batches))
+    )
     for epoch in range(1, epochs + 1):
         train_batches.prepare(rng)
         n_steps = steps_this_epoch(train_batches, max_steps, step)
@@ -398,8 +470,13 @@ def train(
         t0 = time.perf_counter()
         start, end = cuda.event(), cuda.event()
         timed_from = 1 if step == 0 else 0  # the run's first step compiles every kernel
-        bar = tqdm(range(n_steps), desc=f"epoch {epoch}/{epochs}", leave=False,
-                   disable=not progress, file=sys.stderr)
+        bar = tqdm(
+            range(n_steps),
+            desc=f"epoch {epoch}/{epochs}",
+            leave=False,
+            disable=not progress,
+            file=sys.stderr,
+        )
         logged = 0  # this epoch's steps already in a log line
         for i in bar:
             if i == timed_from:
@@ -410,8 +487,9 @@ def train(
                 try:
                     errors = check_train_step(model, np.array(x), np.array(y), lr)
                 except CheckError as e:
-                    raise CheckFailed(f"step {step + 1} disagrees with the float64 "
-                                      f"reference: {e}") from e
+                    raise CheckFailed(
+                        f"step {step + 1} disagrees with the float64 reference: {e}"
+                    ) from e
                 losses[i : i + 1].copy_to_device(model.loss, stream=stream)
                 bar.set_postfix_str(f"check ok (worst {max(errors.values()):.1e})")
             elif fast:
@@ -429,8 +507,10 @@ def train(
                 # the mean since the last line: one small batch's loss is too noisy to
                 # show the trend
                 recent = losses[logged : i + 1].copy_to_host()
-                log(f"steps {step - len(recent) + 1}-{step} of {total}: "
-                    f"mean loss {float(recent.mean()):.4f}")
+                log(
+                    f"steps {step - len(recent) + 1}-{step} of {total}: "
+                    f"mean loss {float(recent.mean()):.4f}"
+                )
                 logged = i + 1
         end.record()
         end.synchronize()
@@ -438,19 +518,29 @@ def train(
         epoch_losses = losses[:n_steps].copy_to_host()
         if not np.all(np.isfinite(epoch_losses)):
             bad = int(np.argmin(np.isfinite(epoch_losses)))
-            raise CheckFailed(f"epoch {epoch}: the loss became {epoch_losses[bad]} at step "
-                              f"{bad + 1}; try a smaller --lr")
+            raise CheckFailed(
+                f"epoch {epoch}: the loss became {epoch_losses[bad]} at step "
+                f"{bad + 1}; try a smaller --lr"
+            )
         timed = n_steps - timed_from
         ms = start.elapsed_time(end) / timed if timed > 0 and not common.is_simulator() else None
         acc = evaluate(model, test_batches)
-        row = {"epoch": epoch, "steps": n_steps, "train_loss": float(epoch_losses.mean()),
-               "test_accuracy": acc, "ms_per_step": ms,
-               "seconds": time.perf_counter() - t0, "losses": epoch_losses.tolist()}
+        row = {
+            "epoch": epoch,
+            "steps": n_steps,
+            "train_loss": float(epoch_losses.mean()),
+            "test_accuracy": acc,
+            "ms_per_step": ms,
+            "seconds": time.perf_counter() - t0,
+            "losses": epoch_losses.tolist(),
+        }
         history.append(row)
-        log(f"epoch {epoch}: train loss {row['train_loss']:.4f} (mean of {n_steps} steps), "
+        log(
+            f"epoch {epoch}: train loss {row['train_loss']:.4f} (mean of {n_steps} steps), "
             f"test accuracy {acc:.2f}% on {test_batches.count} images, "
             + (f"{ms:.3f} ms/step, " if ms is not None else "")
-            + f"{row['seconds']:.1f} s")
+            + f"{row['seconds']:.1f} s"
+        )
     return history
 
 
@@ -468,8 +558,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     ds = load_data(args)
     x, y = images_for(ds, "test", config.height)
     acc = evaluate(model, fdata.EpochBatches(x, y, model.max_batch, drop_last=False))
-    print(f"{args.evaluate}: test accuracy {acc:.2f}% on {len(y)} images ({ds.source}; "
-          f"computed by {describe_evaluation()})")
+    print(
+        f"{args.evaluate}: test accuracy {acc:.2f}% on {len(y)} images ({ds.source}; "
+        f"computed by {describe_evaluation()})"
+    )
     return 0
 
 
@@ -494,24 +586,42 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m final_project.train",
         description="Train the capstone CNN (MNIST) with the course's own CUDA kernels. On a "
-                    "GPU: the full network; in the simulator (no GPU): a tiny run of 128 steps.",
+        "GPU: the full network; in the simulator (no GPU): a tiny run of 128 steps.",
     )
     add_common_args(p)
     o = p.add_argument_group("output and checks")
-    o.add_argument("--out", type=Path, metavar="DIR",
-                   help=f"folder for checkpoint.npz and metrics.json (default: a new "
-                        f"{DEFAULT_OUT}/run-NNN/ each run)")
-    o.add_argument("--overwrite", action="store_true",
-                   help="let --out replace the checkpoint of an earlier run")
-    o.add_argument("--check", action="store_true",
-                   help="every --check-every steps, check the step against the NumPy float64 "
-                        "reference (relative error 1e-4) and stop on a mismatch or a "
-                        "non-finite loss")
-    o.add_argument("--check-every", type=positive_int, default=None, metavar="K",
-                   help=f"steps between checks with --check (default {DEFAULT_CHECK_EVERY} / "
-                        f"{TINY.check_every})")
-    o.add_argument("--evaluate", metavar="CHECKPOINT",
-                   help="load a checkpoint .npz and print its test accuracy; no training")
+    o.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"folder for checkpoint.npz and metrics.json (default: a new "
+        f"{DEFAULT_OUT}/run-NNN/ each run)",
+    )
+    o.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --out replace the checkpoint of an earlier run",
+    )
+    o.add_argument(
+        "--check",
+        action="store_true",
+        help="every --check-every steps, check the step against the NumPy float64 "
+        "reference (relative error 1e-4) and stop on a mismatch or a "
+        "non-finite loss",
+    )
+    o.add_argument(
+        "--check-every",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help=f"steps between checks with --check (default {DEFAULT_CHECK_EVERY} / "
+        f"{TINY.check_every})",
+    )
+    o.add_argument(
+        "--evaluate",
+        metavar="CHECKPOINT",
+        help="load a checkpoint .npz and print its test accuracy; no training",
+    )
     args = p.parse_args(argv)
 
     if args.evaluate:
@@ -523,12 +633,17 @@ def main(argv: list[str] | None = None) -> int:
 
     resolve_args(args, p)
     if args.out is not None and (args.out / "checkpoint.npz").exists() and not args.overwrite:
-        p.error(f"{args.out / 'checkpoint.npz'} is there from an earlier run; give another "
-                f"--out, add --overwrite to replace it, or leave --out out (each run then "
-                f"gets a new {DEFAULT_OUT}/run-NNN/)")
+        p.error(
+            f"{args.out / 'checkpoint.npz'} is there from an earlier run; give another "
+            f"--out, add --overwrite to replace it, or leave --out out (each run then "
+            f"gets a new {DEFAULT_OUT}/run-NNN/)"
+        )
     if common.is_simulator():
-        print(f"simulator: {TINY.describe()}; --no-tiny runs the full network (hours here)"
-              if args.tiny else "simulator: the full network (--no-tiny): expect hours")
+        print(
+            f"simulator: {TINY.describe()}; --no-tiny runs the full network (hours here)"
+            if args.tiny
+            else "simulator: the full network (--no-tiny): expect hours"
+        )
     else:
         print(f"GPU: {device_name()}")
     try:
@@ -536,8 +651,10 @@ def main(argv: list[str] | None = None) -> int:
     except (datasets.DataError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"data: {ds.source}; this run: {len(ds.train_labels)} train / "
-          f"{len(ds.test_labels)} test images")
+    print(
+        f"data: {ds.source}; this run: {len(ds.train_labels)} train / "
+        f"{len(ds.test_labels)} test images"
+    )
     x_train, y_train = images_for(ds, "train", args.image_size)
     x_test, y_test = images_for(ds, "test", args.image_size)
     try:
@@ -552,36 +669,63 @@ def main(argv: list[str] | None = None) -> int:
     check_every = None
     if args.check:
         check_every = args.check_every or (TINY.check_every if args.tiny else DEFAULT_CHECK_EVERY)
-    print(f"model: {describe_config(config)}; {describe_kernels(args)}; SGD lr {args.lr}, "
-          f"batch {args.batch_size}, {args.epochs} epoch{'s' if args.epochs > 1 else ''} of "
-          f"{len(train_batches)} steps"
-          + (f", checked every {check_every} steps" if check_every else ""))
+    print(
+        f"model: {describe_config(config)}; {describe_kernels(args)}; SGD lr {args.lr}, "
+        f"batch {args.batch_size}, {args.epochs} epoch{'s' if args.epochs > 1 else ''} of "
+        f"{len(train_batches)} steps"
+        + (f", checked every {check_every} steps" if check_every else "")
+    )
     progress = sys.stderr.isatty() and not args.tiny
     log_every = TINY.log_every if args.tiny else (None if progress else LOG_EVERY)
     try:
         # Simulator: the race detector checks each kernel's first launch (a step's
         # worth); checking every step would make the run several times slower.
         with racecheck.first_launch_of_each_kernel():
-            history = train(model, train_batches, test_batches, args.epochs, args.lr,
-                            args.seed, max_steps=args.max_steps, check_every=check_every,
-                            progress=progress, log_every=log_every)
+            history = train(
+                model,
+                train_batches,
+                test_batches,
+                args.epochs,
+                args.lr,
+                args.seed,
+                max_steps=args.max_steps,
+                check_every=check_every,
+                progress=progress,
+                log_every=log_every,
+            )
     except CheckFailed as e:
         print(f"error: --check failed: {e}", file=sys.stderr)
         return 1
 
-    meta = {"dataset": ds.name, "is_sample": ds.is_sample, "mean": ds.mean, "std": ds.std,
-            "kernels": describe_kernels(args),
-            "train_from_test": args.train_from_test, "tiny": args.tiny,
-            "lr": args.lr, "batch_size": args.batch_size, "seed": args.seed,
-            "epochs": len(history), "source": ds.source}
+    meta = {
+        "dataset": ds.name,
+        "is_sample": ds.is_sample,
+        "mean": ds.mean,
+        "std": ds.std,
+        "kernels": describe_kernels(args),
+        "train_from_test": args.train_from_test,
+        "tiny": args.tiny,
+        "lr": args.lr,
+        "batch_size": args.batch_size,
+        "seed": args.seed,
+        "epochs": len(history),
+        "source": ds.source,
+    }
     out = args.out if args.out is not None else fresh_run_dir(DEFAULT_OUT)
     save_checkpoint(out / "checkpoint.npz", model, meta)
-    metrics = {**meta, "runtime": common.runtime_name(), "device": device_name(),
-               "config": dataclasses.asdict(config), "history": history}
+    metrics = {
+        **meta,
+        "runtime": common.runtime_name(),
+        "device": device_name(),
+        "config": dataclasses.asdict(config),
+        "history": history,
+    }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print(f"test accuracy {history[-1]['test_accuracy']:.2f}% ({describe_evaluation()}); "
-          f"wrote {out / 'checkpoint.npz'} and metrics.json; evaluate it again with "
-          f"python -m final_project.train --evaluate {out / 'checkpoint.npz'}")
+    print(
+        f"test accuracy {history[-1]['test_accuracy']:.2f}% ({describe_evaluation()}); "
+        f"wrote {out / 'checkpoint.npz'} and metrics.json; evaluate it again with "
+        f"python -m final_project.train --evaluate {out / 'checkpoint.npz'}"
+    )
     return 0
 
 

@@ -31,9 +31,11 @@ SEED_VARIABLE = "COURSE_SEED"
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--seed", type=int, default=None,
+        "--seed",
+        type=int,
+        default=None,
         help=f"seed of the rng fixture, to replay the random inputs of a failed test "
-             f"(its report prints the seed); the {SEED_VARIABLE} environment variable does the same",
+        f"(its report prints the seed); the {SEED_VARIABLE} environment variable does the same",
     )
 
 
@@ -43,7 +45,9 @@ def _chosen_seed(config):
         try:
             seed = int(os.environ[SEED_VARIABLE])
         except ValueError:
-            raise pytest.UsageError(f"{SEED_VARIABLE} must be an integer, got {os.environ[SEED_VARIABLE]!r}") from None
+            raise pytest.UsageError(
+                f"{SEED_VARIABLE} must be an integer, got {os.environ[SEED_VARIABLE]!r}"
+            ) from None
     return seed
 
 
@@ -75,13 +79,18 @@ def pytest_runtest_makereport(item, call):
         if cause and cause not in getattr(call.excinfo.value, "__notes__", []):
             call.excinfo.value.add_note(cause)  # shown under the error's own line
     # Put the random seed into the failure report, with the command that replays the draw.
-    if call.when in ("call", "teardown") and call.excinfo is not None \
-            and not call.excinfo.errisinstance(pytest.skip.Exception):
+    if (
+        call.when in ("call", "teardown")
+        and call.excinfo is not None
+        and not call.excinfo.errisinstance(pytest.skip.Exception)
+    ):
         for key, value in item.user_properties:
             if key == "seed":
                 item.add_report_section(
-                    call.when, "seed",
-                    f'rng seed: {value}; replay: python -m pytest "{item.nodeid}" --seed {value}')
+                    call.when,
+                    "seed",
+                    f'rng seed: {value}; replay: python -m pytest "{item.nodeid}" --seed {value}',
+                )
 
 
 def _hide_simulator_frames():

@@ -16,8 +16,17 @@ def _cases(rng):
     # (flops, nbytes, TFLOP/s, GB/s): vector add, SGEMM 4096 on an H200, and random ones.
     cases = [(1e6, 12e6, 51.0, 4200.0), (2 * 4096**3, 3 * 4 * 4096**2, 51.0, 4200.0)]
     for _ in range(10):
-        cases.append(tuple(float(v) for v in (10 ** rng.uniform(3, 12), 10 ** rng.uniform(3, 10),
-                                               rng.uniform(1, 100), rng.uniform(100, 5000))))
+        cases.append(
+            tuple(
+                float(v)
+                for v in (
+                    10 ** rng.uniform(3, 12),
+                    10 ** rng.uniform(3, 10),
+                    rng.uniform(1, 100),
+                    rng.uniform(100, 5000),
+                )
+            )
+        )
     return cases
 
 
@@ -29,8 +38,10 @@ def check_roofline(arithmetic_intensity, roofline_ms, bound_by, rng):
         t_mem, t_cmp = nbytes / (gbps * 1e9) * 1e3, flops / (tf * 1e12) * 1e3
         got = roofline_ms(flops, nbytes, tf, gbps)
         if not math.isclose(got, max(t_mem, t_cmp), rel_tol=1e-9):
-            raise CheckError(f"roofline_ms{(flops, nbytes, tf, gbps)} = {got} ms, "
-                             f"expected {max(t_mem, t_cmp)} ms")
+            raise CheckError(
+                f"roofline_ms{(flops, nbytes, tf, gbps)} = {got} ms, "
+                f"expected {max(t_mem, t_cmp)} ms"
+            )
         expected = "memory" if t_mem > t_cmp else "compute"
         if bound_by(flops, nbytes, tf, gbps) != expected:
             raise CheckError(f"bound_by{(flops, nbytes, tf, gbps)} should be {expected!r}")
@@ -64,7 +75,9 @@ def test_broken_roofline_fails(rng):
         check_roofline(sol.arithmetic_intensity, sol.roofline_ms, _bound_by_inverted, rng)
 
 
-@pytest.mark.parametrize("script", ["stack_report"])  # loop_to_kernel: test_scripts_simulator_output
+@pytest.mark.parametrize(
+    "script", ["stack_report"]
+)  # loop_to_kernel: test_scripts_simulator_output
 def test_script_main(script, tmp_path):
     assert load_chapter_module(CHAPTER, script).main(["--out", str(tmp_path)]) == 0
 

@@ -32,8 +32,10 @@ def check_launch_config(fn, rng):
                 continue
             blocks, t = fn(n, threads)
             if t != threads or blocks * threads < n or (blocks - 1) * threads >= n:
-                raise CheckError(f"launch_config({n}, {threads}) = {(blocks, t)}: "
-                                 "must cover n with the fewest blocks")
+                raise CheckError(
+                    f"launch_config({n}, {threads}) = {(blocks, t)}: "
+                    "must cover n with the fewest blocks"
+                )
     for n, threads in ((10, limit + 1), (10, 0), (0, 32)):
         try:
             fn(n, threads)

@@ -17,15 +17,28 @@ from numba import cuda
 
 CHAPTER = "03_python_for_kernels"
 # float64 arithmetic in LLVM IR (the CPython wrapper only converts, it never computes).
-F64_ARITHMETIC = re.compile(r"= (fadd|fsub|fmul|fdiv|frem|fneg)( \w+)* double|call( \w+)* double @llvm\.")
+F64_ARITHMETIC = re.compile(
+    r"= (fadd|fsub|fmul|fdiv|frem|fneg)( \w+)* double|call( \w+)* double @llvm\."
+)
 
 
 def check_flat_index(flat_index, unflat_index, rng):
-    shapes = [(1, 1), (1, 7), (7, 1), (5, 9), tuple(int(v) for v in rng.integers(1, 1000, 2)),
-              (70_000, 70_000)]  # flat indices past 2**32: Python ints, no overflow
+    shapes = [
+        (1, 1),
+        (1, 7),
+        (7, 1),
+        (5, 9),
+        tuple(int(v) for v in rng.integers(1, 1000, 2)),
+        (70_000, 70_000),
+    ]  # flat indices past 2**32: Python ints, no overflow
     for nrows, ncols in shapes:
-        for i, j in {(0, 0), (nrows - 1, ncols - 1), (nrows - 1, 0), (0, ncols - 1),
-                     (int(rng.integers(nrows)), int(rng.integers(ncols)))}:
+        for i, j in {
+            (0, 0),
+            (nrows - 1, ncols - 1),
+            (nrows - 1, 0),
+            (0, ncols - 1),
+            (int(rng.integers(nrows)), int(rng.integers(ncols))),
+        }:
             expected = int(np.ravel_multi_index((i, j), (nrows, ncols)))
             got = flat_index(i, j, ncols)
             if got != expected:
@@ -37,8 +50,14 @@ def check_flat_index(flat_index, unflat_index, rng):
 
 def check_byte_offset(byte_offset, rng):
     base = rng.standard_normal((6, 10, 4)).astype(np.float32)
-    views = [base, base.transpose(2, 0, 1), base[1:, ::3, 1:], base[::2].swapaxes(0, 1),
-             base.astype(np.float64)[:, 2, ::2], base[:, :, 0]]
+    views = [
+        base,
+        base.transpose(2, 0, 1),
+        base[1:, ::3, 1:],
+        base[::2].swapaxes(0, 1),
+        base.astype(np.float64)[:, 2, ::2],
+        base[:, :, 0],
+    ]
     for v in views:
         raw = np.frombuffer(v.base if v.base is not None else v, dtype=np.uint8)
         start = v.__array_interface__["data"][0] - raw.__array_interface__["data"][0]
@@ -47,14 +66,27 @@ def check_byte_offset(byte_offset, rng):
             off = byte_offset(idx, v.strides)
             got = raw[start + off : start + off + v.itemsize].view(v.dtype)[0]
             if got != v[idx]:
-                raise CheckError(f"byte_offset({idx}, {v.strides}) = {off} points at {got}, "
-                                 f"not at v{list(idx)} = {v[idx]}")
+                raise CheckError(
+                    f"byte_offset({idx}, {v.strides}) = {off} points at {got}, "
+                    f"not at v{list(idx)} = {v[idx]}"
+                )
 
 
 def check_ceil_div(ceil_div, rng):
-    cases = [(0, 1), (1, 1), (1, 256), (255, 256), (256, 256), (257, 256), (10**6, 7),
-             (2**53 + 1, 1), (2**60 + 1, 2**30)]  # float division rounds these wrong
-    cases += [(int(a), int(b)) for a, b in zip(rng.integers(0, 10**9, 20), rng.integers(1, 2000, 20))]
+    cases = [
+        (0, 1),
+        (1, 1),
+        (1, 256),
+        (255, 256),
+        (256, 256),
+        (257, 256),
+        (10**6, 7),
+        (2**53 + 1, 1),
+        (2**60 + 1, 2**30),
+    ]  # float division rounds these wrong
+    cases += [
+        (int(a), int(b)) for a, b in zip(rng.integers(0, 10**9, 20), rng.integers(1, 2000, 20))
+    ]
     for a, b in cases:
         expected = -(-a // b)
         got = ceil_div(a, b)
@@ -75,11 +107,18 @@ def check_float32_pure(horner, rng):
         raise CheckError(f"{horner.__name__}(float32) returns {ret}: a float64 crept in")
     f64 = F64_ARITHMETIC.findall(jitted.inspect_llvm(sig))
     if f64:
-        raise CheckError(f"{horner.__name__} does {len(f64)} float64 operations "
-                         "(a bare Python float literal? use np.float32 constants)")
+        raise CheckError(
+            f"{horner.__name__} does {len(f64)} float64 operations "
+            "(a bare Python float literal? use np.float32 constants)"
+        )
 
 
-COEFFS = (0.5, -1.25, 2.0, -3.0)  # p(x) = 0.5 x^3 - 1.25 x^2 + 2 x - 3 = (x - 2)(0.5 x^2 - 0.25 x + 1.5)
+COEFFS = (
+    0.5,
+    -1.25,
+    2.0,
+    -3.0,
+)  # p(x) = 0.5 x^3 - 1.25 x^2 + 2 x - 3 = (x - 2)(0.5 x^2 - 0.25 x + 1.5)
 
 
 def poly_reference(x):
@@ -117,7 +156,8 @@ def check_poly_f32(poly_f32, rng):
                     raise CheckError(
                         f"poly_f32 n={n} block={threads}: {int(bad.sum())} of {n} elements "
                         f"beyond float32 rounding; first at {i}: p({x[i]!r}) = {ref[i]!r}, got "
-                        f"{got[i]!r}" + (" (never written?)" if np.isnan(got[i]) else ""))
+                        f"{got[i]!r}" + (" (never written?)" if np.isnan(got[i]) else "")
+                    )
                 out.check_untouched("poly_f32")
 
 
@@ -188,8 +228,11 @@ def _poly_f32_bare_literals(x, out, threads_per_block=128):
 def test_poly_kernel_with_bare_literals_fails(rng):
     # Right values (the simulator stores float32 anyway), float64 arithmetic: the
     # check names the line.
-    with pytest.raises(CheckError, match=r"_poly_kernel_bare_literals.*\n.*line \d+ of "
-                       r"test_ch03_python_for_kernels.py: `out\[i\] = \(\(0.5 .*literal 0.5"):
+    with pytest.raises(
+        CheckError,
+        match=r"_poly_kernel_bare_literals.*\n.*line \d+ of "
+        r"test_ch03_python_for_kernels.py: `out\[i\] = \(\(0.5 .*literal 0.5",
+    ):
         check_poly_f32(_poly_f32_bare_literals, rng)
 
 

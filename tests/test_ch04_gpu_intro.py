@@ -35,9 +35,13 @@ def guarded_allocations():
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         n, pad = int(np.prod(shape)), 64
         buf = real[0](np.full(n + 2 * pad, poison_value(dtype), dtype=dtype))
-        view = buf[pad:pad + n]
-        g = Guarded(array=view if len(shape) == 1 else view.reshape(shape),
-                    _buffer=buf, _start=pad, _stop=pad + n)
+        view = buf[pad : pad + n]
+        g = Guarded(
+            array=view if len(shape) == 1 else view.reshape(shape),
+            _buffer=buf,
+            _start=pad,
+            _stop=pad + n,
+        )
         made.append(g)
         return g.array
 
@@ -51,7 +55,10 @@ def guarded_allocations():
         return device_array(a.shape, a.dtype)
 
     cuda.to_device, cuda.device_array, cuda.device_array_like = (
-        to_device, device_array, device_array_like)
+        to_device,
+        device_array,
+        device_array_like,
+    )
     try:
         yield made
     finally:
@@ -67,7 +74,10 @@ def check_gpu_roundtrip(fn, rng):
         x = random_array(n, rng=rng)
         x_before = x.copy()
         alpha = float(rng.uniform(-3, 3))
-        with float32_pure_launches(), guarded_allocations():  # alpha must reach the kernel as float32
+        with (
+            float32_pure_launches(),
+            guarded_allocations(),
+        ):  # alpha must reach the kernel as float32
             got = fn(x, alpha)
         if not isinstance(got, np.ndarray):
             raise CheckError(f"gpu_roundtrip must return a NumPy array, got {type(got)}")
@@ -152,29 +162,36 @@ def check_time_with_events(time_fn, rng, repeats=4):
     if len(times) != repeats:
         raise CheckError(f"expected {repeats} times, got {len(times)}")
     if [float(t) for t in times] != events.readings or not all(isinstance(t, float) for t in times):
-        raise CheckError(f"the times returned ({times}) are not the events' elapsed times "
-                         f"({events.readings}): read each one with start.elapsed_time(end)")
+        raise CheckError(
+            f"the times returned ({times}) are not the events' elapsed times "
+            f"({events.readings}): read each one with start.elapsed_time(end)"
+        )
     timed = set()
     for k, entry in enumerate(log):
         if entry[0] != "elapsed":
             continue
         start, end = entry[1], entry[2]
-        recs = {e: max((j for j in range(k) if log[j] == ("record", e)), default=None)
-                for e in (start, end)}
+        recs = {
+            e: max((j for j in range(k) if log[j] == ("record", e)), default=None)
+            for e in (start, end)
+        }
         if None in recs.values() or recs[start] > recs[end]:
-            raise CheckError("elapsed_time read between events that were not both recorded, "
-                             "start before end")
+            raise CheckError(
+                "elapsed_time read between events that were not both recorded, start before end"
+            )
         synced = any(log[j] in (("sync", end), ("device-sync",)) for j in range(recs[end] + 1, k))
         if not synced:
             raise CheckError(
                 "elapsed_time was read before the end event was waited for: call "
                 "end.synchronize() after end.record() (the launch is asynchronous; on a GPU "
-                "the read fails or the kernel is still running)")
+                "the read fails or the kernel is still running)"
+            )
         timed |= {c for c in calls if recs[start] < c < recs[end]}
     if calls and calls[0] in timed:
         raise CheckError(
             "the first call of fn is timed: it includes the JIT compile (hundreds of ms). "
-            "Call fn() once before timing")
+            "Call fn() once before timing"
+        )
     if len(timed) < repeats:
         raise CheckError(f"{len(timed)} calls timed between events, expected {repeats}")
 
@@ -221,7 +238,9 @@ def _roundtrip_forgets_copy_back(x_host, alpha, threads_per_block=128):
     sol = load_chapter_module(CHAPTER, "solutions")
     x = cuda.to_device(x_host)
     out = cuda.device_array_like(x)
-    sol.scale_kernel[ceil_div(x.size, threads_per_block), threads_per_block](x, np.float32(alpha), out)
+    sol.scale_kernel[ceil_div(x.size, threads_per_block), threads_per_block](
+        x, np.float32(alpha), out
+    )
     return out  # a device array, not the host result
 
 
@@ -252,12 +271,15 @@ def _roundtrip_no_bounds_check(x_host, alpha, threads_per_block=128):
     x = cuda.to_device(x_host)
     out = cuda.device_array_like(x)
     _scale_no_bounds_check[ceil_div(x.size, threads_per_block), threads_per_block](
-        x, np.float32(alpha), out)
+        x, np.float32(alpha), out
+    )
     return out.copy_to_host()
 
 
-@pytest.mark.parametrize("broken", [_roundtrip_forgets_copy_back, _roundtrip_too_few_blocks,
-                                    _roundtrip_python_float_alpha])
+@pytest.mark.parametrize(
+    "broken",
+    [_roundtrip_forgets_copy_back, _roundtrip_too_few_blocks, _roundtrip_python_float_alpha],
+)
 def test_broken_roundtrip_fails(broken, rng):
     with pytest.raises(CheckError):
         check_gpu_roundtrip(broken, rng)
@@ -324,8 +346,15 @@ def _time_all_calls_between_two_events(fn, repeats=10):
     return [start.elapsed_time(end) / repeats] * repeats  # one average, not each call
 
 
-@pytest.mark.parametrize("broken", [_time_without_warmup, _time_without_sync,
-                                    _time_all_calls_between_two_events, _host_clock_no_sync])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        _time_without_warmup,
+        _time_without_sync,
+        _time_all_calls_between_two_events,
+        _host_clock_no_sync,
+    ],
+)
 def test_broken_timing_fails(broken, rng):
     with pytest.raises(CheckError):
         check_time_with_events(broken, rng)
@@ -345,8 +374,17 @@ def test_host_clock_without_sync_fails_on_gpu():
 
 def test_transfer_plot_and_crossover(tmp_path):
     script = load_chapter_module(CHAPTER, "transfer_vs_compute")
-    rows = [{"op": "poly_eval", "n": n, "cpu_ms": n / 1e3, "h2d_ms": 0.01 + n / 1e5,
-             "kernel_ms": 0.005, "d2h_ms": 0.01 + n / 1e5} for n in (10, 100, 1000, 10000)]
+    rows = [
+        {
+            "op": "poly_eval",
+            "n": n,
+            "cpu_ms": n / 1e3,
+            "h2d_ms": 0.01 + n / 1e5,
+            "kernel_ms": 0.005,
+            "d2h_ms": 0.01 + n / 1e5,
+        }
+        for n in (10, 100, 1000, 10000)
+    ]
     assert script.crossover(rows) == 100
     script.plot(rows, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000

@@ -38,7 +38,14 @@ def _dev_with_junk_after(a, junk=1e30, count=256):
 
 def _shapes_2d(rng):
     # Non-square, not multiples of a 16x16 block, single row/column and single element.
-    return [(1, 1), (1, 17), (19, 1), (17, 5), (5, 33), tuple(int(v) for v in rng.integers(2, 40, 2))]
+    return [
+        (1, 1),
+        (1, 17),
+        (19, 1),
+        (17, 5),
+        (5, 33),
+        tuple(int(v) for v in rng.integers(2, 40, 2)),
+    ]
 
 
 # ------------------------------------------------------------------ check functions
@@ -101,8 +108,14 @@ def check_clamp(fn, rng):
                 x = random_array(n, rng=rng) * 3
                 lo, hi = sorted(float(v) for v in rng.uniform(-2, 2, 2))
                 out = guarded(n)
-                fn(_dev_with_junk_after(x), lo, hi, out.array, blocks=blocks,
-                   threads_per_block=threads)
+                fn(
+                    _dev_with_junk_after(x),
+                    lo,
+                    hi,
+                    out.array,
+                    blocks=blocks,
+                    threads_per_block=threads,
+                )
                 ref = np.clip(x, np.float32(lo), np.float32(hi))
                 check(out.array, ref, tol=0, name=f"clamp n={n} grid={blocks}x{threads}")
                 out.check_untouched(f"clamp n={n}")
@@ -120,8 +133,12 @@ def check_batched_matmul(fn, rng):
                 out = guarded((batch, m, n))
                 fn(_dev(a), _dev(b), out.array, block=block)
                 ref = np.matmul(a.astype(np.float64), b)
-                check(out.array, ref, tol=1e-5, name=f"batched_matmul {(batch, m, k, n)} "
-                      f"block={block}")
+                check(
+                    out.array,
+                    ref,
+                    tol=1e-5,
+                    name=f"batched_matmul {(batch, m, k, n)} block={block}",
+                )
                 out.check_untouched("batched_matmul")
 
 
@@ -139,9 +156,12 @@ def check_count_above(fn, rng, runs=2):
                 threshold = float(x[0]) if run % 2 == 0 else float(rng.uniform(-1, 0.5))
                 got = fn(_dev_with_junk_after(x), threshold, threads_per_block=128)
                 expected = int((x > np.float32(threshold)).sum())
-                check(np.int64(got), np.int64(expected),
-                      name=f"count_above n={n} threshold={threshold!r} (elements equal to "
-                           "the threshold are not above it)")
+                check(
+                    np.int64(got),
+                    np.int64(expected),
+                    name=f"count_above n={n} threshold={threshold!r} (elements equal to "
+                    "the threshold are not above it)",
+                )
 
 
 # ------------------------------------------------------------------ the exercises
@@ -317,7 +337,8 @@ def _count_at_least(x, threshold, counter):
 def _broken_count_above_ties(x, threshold, threads_per_block=128):
     counter = cuda.to_device(np.zeros(1, dtype=np.int32))
     _count_at_least[ceil_div(x.size, threads_per_block), threads_per_block](
-        x, np.float32(threshold), counter)
+        x, np.float32(threshold), counter
+    )
     return int(counter.copy_to_host()[0])
 
 
@@ -331,7 +352,8 @@ def _count_above_no_bounds_check(x, threshold, counter):
 def _broken_count_above_no_bounds(x, threshold, threads_per_block=128):
     counter = cuda.to_device(np.zeros(1, dtype=np.int32))
     _count_above_no_bounds_check[ceil_div(x.size, threads_per_block), threads_per_block](
-        x, np.float32(threshold), counter)
+        x, np.float32(threshold), counter
+    )
     return int(counter.copy_to_host()[0])
 
 
@@ -349,9 +371,18 @@ def _broken_count_above_no_bounds(x, threshold, threads_per_block=128):
         (check_count_above, _broken_count_above_ties),
         (check_count_above, _broken_count_above_no_bounds),
     ],
-    ids=["no-bounds-check", "python-float-alpha", "rows-cols-swapped", "vectors-swapped",
-         "broadcast-blockdim-x-for-rows", "no-grid-stride", "batch-ignored",
-         "matmul-blockdim-x-for-rows", "count-ties-with-ge", "count-reads-past-end"],
+    ids=[
+        "no-bounds-check",
+        "python-float-alpha",
+        "rows-cols-swapped",
+        "vectors-swapped",
+        "broadcast-blockdim-x-for-rows",
+        "no-grid-stride",
+        "batch-ignored",
+        "matmul-blockdim-x-for-rows",
+        "count-ties-with-ge",
+        "count-reads-past-end",
+    ],
 )
 def test_broken_kernels_fail(check_fn, broken, rng):
     with pytest.raises(FAILS):

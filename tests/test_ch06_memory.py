@@ -83,8 +83,9 @@ def check_block_sums(fn, rng, sizes=None):
         for n in sizes or sizes_1d(rng):
             x = random_array(n, np.float32, rng)
             nb = ceil_div(n, BLOCK)
-            ref = np.array([x[b * BLOCK:(b + 1) * BLOCK].astype(np.float64).sum()
-                            for b in range(nb)])
+            ref = np.array(
+                [x[b * BLOCK : (b + 1) * BLOCK].astype(np.float64).sum() for b in range(nb)]
+            )
             out = guarded(nb)
             fn(with_junk_after(x), out.array)
             check(out.array, ref, tol=1e-5, name=f"block_sums n={n}")
@@ -124,12 +125,18 @@ def check_argmax(fn, rng):
             value, index = fn(with_junk_after(x, junk=1e9))
             assert (value, index) == (float(x.max()), int(np.argmax(x))), (
                 f"argmax {name}: got ({value}, {index}), expected ({x.max()}, {np.argmax(x)})"
-                " (ties: the first index wins, as np.argmax)")
+                " (ties: the first index wins, as np.argmax)"
+            )
 
 
 def check_transpose(fn, rng):
-    shapes = [(1, 1), (TILE - 1, TILE + 1), (2 * TILE + 3, TILE + 5), (TILE, 2 * TILE),
-              (int(rng.integers(1, 3 * TILE)), int(rng.integers(1, 3 * TILE)))]
+    shapes = [
+        (1, 1),
+        (TILE - 1, TILE + 1),
+        (2 * TILE + 3, TILE + 5),
+        (TILE, 2 * TILE),
+        (int(rng.integers(1, 3 * TILE)), int(rng.integers(1, 3 * TILE))),
+    ]
     if not is_simulator():  # many blocks in flight: a missing barrier shows on a GPU too
         shapes.append((2048 + 3, 3072 + 5))
     with float32_pure_launches():
@@ -168,7 +175,7 @@ def check_stencil(fn, rng):
             x = random_array(n, np.float32, rng)
             w = random_array(2 * RADIUS + 1, np.float32, rng)
             xp = np.pad(x.astype(np.float64), RADIUS)
-            ref = sum(w[k] * xp[k:k + n] for k in range(2 * RADIUS + 1))
+            ref = sum(w[k] * xp[k : k + n] for k in range(2 * RADIUS + 1))
             out = guarded(n)
             fn(with_junk_after(x), cuda.to_device(w), out.array)
             check(out.array, ref, tol=1e-5, name=f"stencil n={n}")
@@ -176,8 +183,12 @@ def check_stencil(fn, rng):
 
 
 def _softmax_inputs(rng):
-    shapes = [(1, 1), (2, BLOCK - 1), (2, 3 * BLOCK + 7), (int(rng.integers(1, 4)),
-                                                          int(rng.integers(2, 2 * BLOCK)))]
+    shapes = [
+        (1, 1),
+        (2, BLOCK - 1),
+        (2, 3 * BLOCK + 7),
+        (int(rng.integers(1, 4)), int(rng.integers(2, 2 * BLOCK))),
+    ]
     for rows, cols in shapes:
         yield f"{rows}x{cols}", random_array((rows, cols), np.float32, rng, -6.0, 6.0)
     # Without subtracting the row's max, exp overflows: float32 exp past 88 on a GPU
@@ -227,8 +238,9 @@ def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="x.size - 1"):
         sol.shift_left(x, cuda.device_array(10, np.float32))
     with pytest.raises(ValueError, match="cols, rows"):
-        sol.transpose_tiled(cuda.to_device(np.ones((3, 4), np.float32)),
-                            cuda.device_array((3, 4), np.float32))
+        sol.transpose_tiled(
+            cuda.to_device(np.ones((3, 4), np.float32)), cuda.device_array((3, 4), np.float32)
+        )
 
 
 # ---------------------------------------------------------------- broken kernels fail
@@ -252,9 +264,11 @@ def mutant(kernel, name, *edits: tuple[str, str]):
 
 
 shift_left_no_barrier = mutant(
-    sol.shift_left_kernel, "shift_left_no_barrier",
+    sol.shift_left_kernel,
+    "shift_left_no_barrier",
     # no barrier: thread t reads tile[t + 1] before thread t + 1 may have written it
-    ("    cuda.syncthreads()\n", ""))
+    ("    cuda.syncthreads()\n", ""),
+)
 
 
 def test_broken_shift_left_without_barrier_fails(rng):
@@ -267,14 +281,21 @@ def test_broken_shift_left_without_barrier_fails(rng):
 
 
 block_sums_no_bounds = mutant(
-    sol.block_sums_kernel, "block_sums_no_bounds",
-    ("s[t] = x[i] if i < x.size else ZERO", "s[t] = x[i]  # no bounds check: the last block reads past the end"))
+    sol.block_sums_kernel,
+    "block_sums_no_bounds",
+    (
+        "s[t] = x[i] if i < x.size else ZERO",
+        "s[t] = x[i]  # no bounds check: the last block reads past the end",
+    ),
+)
 
 
 block_sums_no_barrier = mutant(
-    sol.block_sums_kernel, "block_sums_no_barrier",  # no barrier after the load, none between tree levels
+    sol.block_sums_kernel,
+    "block_sums_no_barrier",  # no barrier after the load, none between tree levels
     ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
-    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"))
+    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"),
+)
 
 
 def test_broken_block_sums_one_block_too_many_fails(rng):
@@ -285,8 +306,9 @@ def test_broken_block_sums_one_block_too_many_fails(rng):
         check_block_sums(block_sums, rng)
 
 
-@pytest.mark.parametrize("kernel", [block_sums_no_bounds, block_sums_no_barrier],
-                         ids=["no-bounds-check", "no-barrier"])
+@pytest.mark.parametrize(
+    "kernel", [block_sums_no_bounds, block_sums_no_barrier], ids=["no-bounds-check", "no-barrier"]
+)
 def test_broken_block_sums_fail(kernel, rng):
     def block_sums(x, out):
         kernel[out.size, BLOCK](x, out)
@@ -296,8 +318,13 @@ def test_broken_block_sums_fail(kernel, rng):
 
 
 dot_plain_add = mutant(
-    sol.dot_kernel, "dot_plain_add",
-    ("cuda.atomic.add(out, 0, s[0])", "out[0] += s[0]  # not atomic: blocks racing on out[0] lose sums"))
+    sol.dot_kernel,
+    "dot_plain_add",
+    (
+        "cuda.atomic.add(out, 0, s[0])",
+        "out[0] += s[0]  # not atomic: blocks racing on out[0] lose sums",
+    ),
+)
 
 
 def test_broken_dot_without_atomic_fails(rng):
@@ -313,17 +340,20 @@ def test_broken_dot_without_atomic_fails(rng):
 
 
 argmax_no_barrier = mutant(
-    sol.argmax_kernel, "argmax_no_barrier",  # no barriers: reads partners' slots before they are final
+    sol.argmax_kernel,
+    "argmax_no_barrier",  # no barriers: reads partners' slots before they are final
     ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
-    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"))
+    ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"),
+)
 
 
 @pytest.mark.skipif(
     not is_simulator(),
     reason="simulator only: on a GPU a stale read (warp 0 reading warp 1's slots before "
-           "warp 1 stored them) corrupts only its own block's partial result, and the "
-           "check sees one (value, index) for the whole array, decided by a single block: "
-           "that block would have to be the one hit, which a GPU run rarely makes happen")
+    "warp 1 stored them) corrupts only its own block's partial result, and the "
+    "check sees one (value, index) for the whole array, decided by a single block: "
+    "that block would have to be the one hit, which a GPU run rarely makes happen",
+)
 def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
     monkeypatch.setattr(sol, "argmax_kernel", argmax_no_barrier)
     with pytest.raises(RACES):
@@ -332,17 +362,30 @@ def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
 
 
 argmax_pads_with_zero = mutant(
-    sol.argmax_kernel, "argmax_pads_with_zero",
-    ("if i < x.size else NEG_INF", "if i < x.size else ZERO  # wrong: 0 beats every negative value"))
+    sol.argmax_kernel,
+    "argmax_pads_with_zero",
+    (
+        "if i < x.size else NEG_INF",
+        "if i < x.size else ZERO  # wrong: 0 beats every negative value",
+    ),
+)
 
 
 argmax_keeps_later_ties = mutant(
-    sol.argmax_kernel, "argmax_keeps_later_ties",
-    ("if v > sv[t] or (v == sv[t] and j < si[t]):", "if v >= sv[t]:  # wrong: a tie takes the later index"))
+    sol.argmax_kernel,
+    "argmax_keeps_later_ties",
+    (
+        "if v > sv[t] or (v == sv[t] and j < si[t]):",
+        "if v >= sv[t]:  # wrong: a tie takes the later index",
+    ),
+)
 
 
-@pytest.mark.parametrize("kernel", [argmax_pads_with_zero, argmax_keeps_later_ties],
-                         ids=["pads-with-zero", "later-index-wins-ties"])
+@pytest.mark.parametrize(
+    "kernel",
+    [argmax_pads_with_zero, argmax_keeps_later_ties],
+    ids=["pads-with-zero", "later-index-wins-ties"],
+)
 def test_broken_argmax_kernel_fails(kernel, rng, monkeypatch):
     monkeypatch.setattr(sol, "argmax_kernel", kernel)
     with pytest.raises(FAILS):
@@ -364,18 +407,25 @@ def test_broken_argmax_last_block_wins_fails(rng):
 
 
 transpose_no_bounds = mutant(
-    sol.transpose_kernel, "transpose_no_bounds",
-    ("        if y + k < out.shape[0] and x < out.shape[1]:\n            out[y + k, x]",
-     "        out[y + k, x]"))  # no bounds check on the write
+    sol.transpose_kernel,
+    "transpose_no_bounds",
+    (
+        "        if y + k < out.shape[0] and x < out.shape[1]:\n            out[y + k, x]",
+        "        out[y + k, x]",
+    ),
+)  # no bounds check on the write
 
 
 transpose_no_barrier = mutant(
-    sol.transpose_kernel, "transpose_no_barrier",  # reads tile columns other threads write
-    ("    cuda.syncthreads()\n", ""))
+    sol.transpose_kernel,
+    "transpose_no_barrier",  # reads tile columns other threads write
+    ("    cuda.syncthreads()\n", ""),
+)
 
 
-@pytest.mark.parametrize("kernel", [transpose_no_bounds, transpose_no_barrier],
-                         ids=["no-bounds-check", "no-barrier"])
+@pytest.mark.parametrize(
+    "kernel", [transpose_no_bounds, transpose_no_barrier], ids=["no-bounds-check", "no-barrier"]
+)
 def test_broken_transpose_fails(kernel, rng):
     def transpose(a, out):
         kernel[(ceil_div(a.shape[1], TILE), ceil_div(a.shape[0], TILE)), (TILE, ROWS)](a, out)
@@ -386,8 +436,13 @@ def test_broken_transpose_fails(kernel, rng):
 
 
 histogram_plain_add = mutant(
-    sol.histogram_global_kernel, "histogram_plain_add",
-    ("cuda.atomic.add(bins, x[i], ONE_I32)", "bins[x[i]] += 1  # not atomic: two threads on one bin lose a count"))
+    sol.histogram_global_kernel,
+    "histogram_plain_add",
+    (
+        "cuda.atomic.add(bins, x[i], ONE_I32)",
+        "bins[x[i]] += 1  # not atomic: two threads on one bin lose a count",
+    ),
+)
 
 
 def test_broken_histogram_without_atomic_fails(rng):
@@ -401,8 +456,10 @@ def test_broken_histogram_without_atomic_fails(rng):
 
 
 histogram_private_plain_add = mutant(
-    sol.histogram_private_kernel, "histogram_private_plain_add",
-    ("cuda.atomic.add(h, x[i], ONE_I32)", "h[x[i]] += 1  # not atomic, in shared memory"))
+    sol.histogram_private_kernel,
+    "histogram_private_plain_add",
+    ("cuda.atomic.add(h, x[i], ONE_I32)", "h[x[i]] += 1  # not atomic, in shared memory"),
+)
 
 
 def test_broken_private_histogram_without_atomic_fails(rng):
@@ -417,25 +474,37 @@ def test_broken_private_histogram_without_atomic_fails(rng):
 
 
 block_scan_no_load_barrier = mutant(
-    sol.block_scan_kernel, "block_scan_no_load_barrier",
+    sol.block_scan_kernel,
+    "block_scan_no_load_barrier",
     # the first step reads s[t - 1], maybe before thread t - 1 stored it (on a GPU:
     # thread 32 reading warp 0's last slot)
-    ("    cuda.syncthreads()\n    offset = 1", "    offset = 1"))
+    ("    cuda.syncthreads()\n    offset = 1", "    offset = 1"),
+)
 
 
 block_scan_one_barrier = mutant(
-    sol.block_scan_kernel, "block_scan_one_barrier",  # no barrier between the read and the write
-    ("        cuda.syncthreads()\n        s[t] += v", "        s[t] += v"))
+    sol.block_scan_kernel,
+    "block_scan_one_barrier",  # no barrier between the read and the write
+    ("        cuda.syncthreads()\n        s[t] += v", "        s[t] += v"),
+)
 
 
-@pytest.mark.parametrize("kernel", [
-    block_scan_no_load_barrier,
-    pytest.param(block_scan_one_barrier, marks=pytest.mark.skipif(
-        not is_simulator(),
-        reason="simulator only: on a GPU every warp leaves the previous barrier at the same "
-               "moment and the racing read and write are a few instructions apart, so a "
-               "warp almost never overwrites a slot before another warp has read it")),
-], ids=["no-barrier-after-load", "no-barrier-between-read-and-write"])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        block_scan_no_load_barrier,
+        pytest.param(
+            block_scan_one_barrier,
+            marks=pytest.mark.skipif(
+                not is_simulator(),
+                reason="simulator only: on a GPU every warp leaves the previous barrier at the same "
+                "moment and the racing read and write are a few instructions apart, so a "
+                "warp almost never overwrites a slot before another warp has read it",
+            ),
+        ),
+    ],
+    ids=["no-barrier-after-load", "no-barrier-between-read-and-write"],
+)
 def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
     monkeypatch.setattr(sol, "block_scan_kernel", kernel)
     with pytest.raises(RACES):
@@ -443,8 +512,10 @@ def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
 
 
 stencil_no_halo = mutant(
-    sol.stencil_kernel, "stencil_no_halo",
-    ("    if t < RADIUS:", "    if t < 0:  # wrong: the halo cells are never loaded"))
+    sol.stencil_kernel,
+    "stencil_no_halo",
+    ("    if t < RADIUS:", "    if t < 0:  # wrong: the halo cells are never loaded"),
+)
 
 
 def test_broken_stencil_without_halo_fails(rng, monkeypatch):
@@ -454,24 +525,39 @@ def test_broken_stencil_without_halo_fails(rng, monkeypatch):
 
 
 softmax_no_tree_barrier = mutant(
-    sol.softmax_kernel, "softmax_no_tree_barrier",  # no barrier between tree levels
-    ("s[t] = max(s[t], s[t + stride])\n        cuda.syncthreads()\n", "s[t] = max(s[t], s[t + stride])\n"),
-    ("s[t] += s[t + stride]\n        cuda.syncthreads()\n", "s[t] += s[t + stride]\n"))
+    sol.softmax_kernel,
+    "softmax_no_tree_barrier",  # no barrier between tree levels
+    (
+        "s[t] = max(s[t], s[t + stride])\n        cuda.syncthreads()\n",
+        "s[t] = max(s[t], s[t + stride])\n",
+    ),
+    ("s[t] += s[t + stride]\n        cuda.syncthreads()\n", "s[t] += s[t + stride]\n"),
+)
 
 
 softmax_no_max_subtraction = mutant(
-    sol.softmax_kernel, "softmax_no_max_subtraction",
-    ("    m = s[0]\n", "    m = ZERO  # wrong: exp(x) overflows for large x; exp(x - max) cannot\n"))
+    sol.softmax_kernel,
+    "softmax_no_max_subtraction",
+    (
+        "    m = s[0]\n",
+        "    m = ZERO  # wrong: exp(x) overflows for large x; exp(x - max) cannot\n",
+    ),
+)
 
 
 softmax_max_starts_at_zero = mutant(
-    sol.softmax_kernel, "softmax_max_starts_at_zero",
-    ("    m = NEG_INF\n", "    m = ZERO  # wrong: the max of an all-negative row comes out as 0\n"))
+    sol.softmax_kernel,
+    "softmax_max_starts_at_zero",
+    ("    m = NEG_INF\n", "    m = ZERO  # wrong: the max of an all-negative row comes out as 0\n"),
+)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the broken kernels overflow: the point
-@pytest.mark.parametrize("kernel", [softmax_no_max_subtraction, softmax_max_starts_at_zero],
-                         ids=["no-max-subtraction", "max-starts-at-zero"])
+@pytest.mark.parametrize(
+    "kernel",
+    [softmax_no_max_subtraction, softmax_max_starts_at_zero],
+    ids=["no-max-subtraction", "max-starts-at-zero"],
+)
 def test_broken_softmax_edge_values_fail(kernel, rng, monkeypatch):
     monkeypatch.setattr(sol, "softmax_kernel", kernel)
     # OverflowError: the simulator's float64 math.exp past 709 (a GPU returns inf)

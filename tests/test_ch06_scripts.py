@@ -14,8 +14,16 @@ import pytest
 from numba import cuda
 
 CH = "06_memory"
-PATTERNS = ["shared_memory", "transpose", "reduction", "histogram", "scan", "stencil",
-            "softmax", "fusion"]
+PATTERNS = [
+    "shared_memory",
+    "transpose",
+    "reduction",
+    "histogram",
+    "scan",
+    "stencil",
+    "softmax",
+    "fusion",
+]
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -23,8 +31,9 @@ def test_script_run_checks_every_version(name):
     # the smoke sizes: a few blocks, ragged edges; the same on a GPU (fast there too)
     sizes = load_chapter_module(CH, "benchmark").SMOKE_SIZES[name]
     results = load_chapter_module(CH, name).run(**sizes)
-    assert results and all(r.extra["rel_error"] == 0 or r.extra["rel_error"] < 1e-5
-                           for r in results)
+    assert results and all(
+        r.extra["rel_error"] == 0 or r.extra["rel_error"] < 1e-5 for r in results
+    )
 
 
 @pytest.mark.skipif(not common.is_simulator(), reason="main() runs the full GPU size")
@@ -122,14 +131,21 @@ def test_launchers_refuse_bad_inputs():
     with pytest.raises(TypeError, match="host"):
         red.reduce_two_pass(np.ones(8, np.float32), out1)
     with pytest.raises(ValueError, match="shape"):
-        tr.transpose(tr.transpose_smem_padded, cuda.to_device(np.ones((2, 3), np.float32)),
-                     cuda.device_array((2, 3), np.float32))
+        tr.transpose(
+            tr.transpose_smem_padded,
+            cuda.to_device(np.ones((2, 3), np.float32)),
+            cuda.device_array((2, 3), np.float32),
+        )
     with pytest.raises(ValueError, match="2-D"):
-        sm.softmax(sm.softmax_block_row_online, cuda.to_device(np.ones(4, np.float32)),
-                   cuda.device_array(4, np.float32))
+        sm.softmax(
+            sm.softmax_block_row_online,
+            cuda.to_device(np.ones(4, np.float32)),
+            cuda.device_array(4, np.float32),
+        )
     with pytest.raises(TypeError, match="int32"):
-        hist.histogram_v3(cuda.to_device(np.ones(4, np.float32)),
-                          cuda.device_array(hist.NBINS, np.float32))
+        hist.histogram_v3(
+            cuda.to_device(np.ones(4, np.float32)), cuda.device_array(hist.NBINS, np.float32)
+        )
 
 
 def test_readme_code_matches_chapter():

@@ -22,11 +22,17 @@ def check_matmul_torch_zero_copy(fn, rng):
         check(out.array, a_h.astype(np.float64) @ b_h, tol=1e-5, name=f"{m}x{n}x{k}")
         out.check_untouched()
     with pytest.raises(TypeError):
-        fn(cuda.to_device(np.ones((2, 2))), cuda.to_device(np.ones((2, 2), np.float32)),
-           cuda.device_array((2, 2), np.float32))
+        fn(
+            cuda.to_device(np.ones((2, 2))),
+            cuda.to_device(np.ones((2, 2), np.float32)),
+            cuda.device_array((2, 2), np.float32),
+        )
     with pytest.raises(ValueError):
-        fn(cuda.to_device(np.ones((2, 3), np.float32)), cuda.to_device(np.ones((2, 2), np.float32)),
-           cuda.device_array((2, 2), np.float32))
+        fn(
+            cuda.to_device(np.ones((2, 3), np.float32)),
+            cuda.to_device(np.ones((2, 2), np.float32)),
+            cuda.device_array((2, 2), np.float32),
+        )
 
 
 def check_fft_convolve_1d(fn, rng):

@@ -137,25 +137,34 @@ def _register_tile_launcher(factory):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # may add uninitialised tiles: the point
 def test_tiled_without_syncthreads_fails(rng, tmp_path):
-    no_sync = mutant(tmp_path, sol.make_tiled_kernel,
-                     ("cuda.syncthreads()", "pass  # no barrier: the reads race the loads"))
+    no_sync = mutant(
+        tmp_path,
+        sol.make_tiled_kernel,
+        ("cuda.syncthreads()", "pass  # no barrier: the reads race the loads"),
+    )
     with pytest.raises(CheckError):
         for _ in range(3):  # a race shows up with high probability on each try
             check_matmul_tiled(_tiled_launcher(no_sync), rng)
 
 
 def test_tiled_without_bounds_check_fails(rng, tmp_path):
-    no_bounds = mutant(tmp_path, sol.make_tiled_kernel,
-                       (" if row < m and k0 + tx < k_total else float32(0.0)", ""),
-                       (" if k0 + ty < k_total and col < n else float32(0.0)", ""),
-                       ("if row < m and col < n:", "if True:  # no bounds checks anywhere"))
+    no_bounds = mutant(
+        tmp_path,
+        sol.make_tiled_kernel,
+        (" if row < m and k0 + tx < k_total else float32(0.0)", ""),
+        (" if k0 + ty < k_total and col < n else float32(0.0)", ""),
+        ("if row < m and col < n:", "if True:  # no bounds checks anywhere"),
+    )
     with pytest.raises((CheckError, IndexError)):
         check_matmul_tiled(_tiled_launcher(no_bounds), rng)
 
 
 def test_register_tile_with_tx_ty_swapped_fails(rng, tmp_path):
-    swapped = mutant(tmp_path, sol.make_register_tile_kernel,
-                     ("tx, ty = tid % TX, tid // TX", "ty, tx = tid % TX, tid // TX"))
+    swapped = mutant(
+        tmp_path,
+        sol.make_register_tile_kernel,
+        ("tx, ty = tid % TX, tid // TX", "ty, tx = tid % TX, tid // TX"),
+    )
     with pytest.raises((CheckError, IndexError)):
         check_matmul_register_tile(_register_tile_launcher(swapped), rng)
 
@@ -163,10 +172,16 @@ def test_register_tile_with_tx_ty_swapped_fails(rng, tmp_path):
 def test_tiled_with_float64_accumulator_fails(rng, tmp_path):
     # Right values (the simulator rounds the result to float32 on the store); the
     # float64 check names the line.
-    acc64 = mutant(tmp_path, sol.make_tiled_kernel,
-                   ("acc = float32(0.0)", "acc = 0.0  # wrong: a float64 accumulator"))
-    with pytest.raises(CheckError, match=r"line \d+ of make_tiled_kernel_mutant.py: `acc = 0.0` "
-                       r"makes acc float64; write acc = np.float32\(0.0\)"):
+    acc64 = mutant(
+        tmp_path,
+        sol.make_tiled_kernel,
+        ("acc = float32(0.0)", "acc = 0.0  # wrong: a float64 accumulator"),
+    )
+    with pytest.raises(
+        CheckError,
+        match=r"line \d+ of make_tiled_kernel_mutant.py: `acc = 0.0` "
+        r"makes acc float64; write acc = np.float32\(0.0\)",
+    ):
         check_matmul_tiled(_tiled_launcher(acc64), rng)
 
 
@@ -253,7 +268,8 @@ def test_unguarded_kernel_on_ragged_sizes_fails(rng):
     out = guarded((m, n), np.float32)
     with pytest.raises((CheckError, IndexError)):
         fast[(ceil_div(n, tile.bn), ceil_div(m, tile.bm)), tile.threads](
-            a.reshape(m * k), b.reshape(k * n), out.array.reshape(m * n), n, k)
+            a.reshape(m * k), b.reshape(k * n), out.array.reshape(m * n), n, k
+        )
         check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5)
         out.check_untouched()
 
@@ -267,18 +283,28 @@ def test_python_loops_match_numpy(rng):
 def test_matmul_best_refuses_bad_operands(rng):
     a = cuda.to_device(random_array((4, 3), np.float32, rng))
     with pytest.raises(TypeError):
-        mm.matmul_best(a, cuda.to_device(random_array((3, 5), np.float64, rng)),
-                       cuda.device_array((4, 5), np.float32))
+        mm.matmul_best(
+            a,
+            cuda.to_device(random_array((3, 5), np.float64, rng)),
+            cuda.device_array((4, 5), np.float32),
+        )
     with pytest.raises(ValueError):
-        mm.matmul_best(a, cuda.to_device(random_array((2, 5), np.float32, rng)),
-                       cuda.device_array((4, 5), np.float32))
+        mm.matmul_best(
+            a,
+            cuda.to_device(random_array((2, 5), np.float32, rng)),
+            cuda.device_array((4, 5), np.float32),
+        )
     b = cuda.to_device(random_array((3, 5), np.float32, rng))
     with pytest.raises(TypeError, match="host"):
-        mm.matmul_best(random_array((4, 3), np.float32, rng), b,
-                       cuda.device_array((4, 5), np.float32))
+        mm.matmul_best(
+            random_array((4, 3), np.float32, rng), b, cuda.device_array((4, 5), np.float32)
+        )
     with pytest.raises(ValueError, match="C-contiguous"):
-        mm.matmul_best(cuda.to_device(random_array((3, 4), np.float32, rng)).T, b,
-                       cuda.device_array((4, 5), np.float32))
+        mm.matmul_best(
+            cuda.to_device(random_array((3, 4), np.float32, rng)).T,
+            b,
+            cuda.device_array((4, 5), np.float32),
+        )
 
 
 def test_script_main_runs(tmp_path):

@@ -117,6 +117,7 @@ def check_histogram(kernel, n, bins, rng, trials=3):
 
 # -- the correct kernels pass ...
 
+
 def test_correct_kernels_pass(rng):
     check_scale(scale_ok, 77, rng)
     check_matmul(matmul_tiled_ok, 13, 19, 11, rng)
@@ -124,6 +125,7 @@ def test_correct_kernels_pass(rng):
 
 
 # -- ... and each broken one fails the same check
+
 
 def test_missing_bounds_check_fails(rng):
     with pytest.raises((CheckError, IndexError)):

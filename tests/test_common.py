@@ -35,7 +35,9 @@ def test_pick_follows_runtime():
     assert pick(gpu="big", simulator="small") == ("small" if is_simulator() else "big")
 
 
-@pytest.mark.parametrize("a,b,want", [(1, 1, 1), (1, 128, 1), (128, 128, 1), (129, 128, 2), (0, 7, 0), (1000, 3, 334)])
+@pytest.mark.parametrize(
+    "a,b,want", [(1, 1, 1), (1, 128, 1), (128, 128, 1), (129, 128, 2), (0, 7, 0), (1000, 3, 334)]
+)
 def test_ceil_div(a, b, want):
     assert ceil_div(a, b) == want
 
@@ -51,7 +53,11 @@ def test_subprocess_without_gpu_selects_simulator_and_says_so():
         pytest.skip("this machine has a GPU")
     out = subprocess.run(
         [sys.executable, "-c", "import common; print(common.runtime_name())"],
-        env=env, capture_output=True, text=True, cwd=REPO_ROOT, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        check=True,
     )
     assert out.stdout.strip() == "simulator"
     # The "no GPU, simulator" line is for a person at a terminal; captured output
@@ -74,13 +80,17 @@ def test_jit_accepts_gpu_only_options_in_both_runtimes(rng):
     check(out, a.astype(np.float64) + b, tol=1e-7)
 
 
-@pytest.mark.parametrize("grid,block", [(1, 1025), (1, (32, 33)), (1, (1, 1, 65)), (0, 32), (1, 0), (1, (2048,))])
+@pytest.mark.parametrize(
+    "grid,block", [(1, 1025), (1, (32, 33)), (1, (1, 1, 65)), (0, 32), (1, 0), (1, (2048,))]
+)
 def test_check_launch_rejects_what_a_gpu_rejects(grid, block):
     with pytest.raises(LaunchConfigError):
         check_launch(grid, block)
 
 
-@pytest.mark.parametrize("grid,block", [(1, 1024), ((3, 2), (32, 32)), (1, (1, 1, 64)), (70000, 128)])
+@pytest.mark.parametrize(
+    "grid,block", [(1, 1024), ((3, 2), (32, 32)), (1, (1, 1, 64)), (70000, 128)]
+)
 def test_check_launch_accepts_valid_shapes(grid, block):
     check_launch(grid, block)
 
@@ -210,12 +220,17 @@ def _check_message(out, ref, **kwargs):
 
 def test_check_names_lost_increments_and_double_counts(rng):
     msg = _check_message(np.int64(229), np.int64(233), name="count")
-    assert msg.startswith("count: got 229, expected 233: 4 increments were lost") and "cuda.atomic.add" in msg
+    assert (
+        msg.startswith("count: got 229, expected 233: 4 increments were lost")
+        and "cuda.atomic.add" in msg
+    )
     assert "4 too many" in _check_message(np.int64(237), np.int64(233))
     hist = rng.integers(1, 20, 16)
     lost = hist.copy()
     lost[[3, 7]] -= 1
-    assert "the counts sum to" in _check_message(lost, hist) and "increments were lost" in _check_message(lost, hist)
+    assert "the counts sum to" in _check_message(
+        lost, hist
+    ) and "increments were lost" in _check_message(lost, hist)
 
 
 def test_check_names_unwritten_integer_elements(rng):
@@ -223,7 +238,10 @@ def test_check_names_unwritten_integer_elements(rng):
     out = ref.copy()
     out[50:] = checking.poison_value(np.int32)
     msg = _check_message(out, ref)
-    assert "20 of 70 elements still hold the poison value" in msg and "elements 50 and up were never written" in msg
+    assert (
+        "20 of 70 elements still hold the poison value" in msg
+        and "elements 50 and up were never written" in msg
+    )
 
 
 def test_check_names_a_grid_that_stops_short(rng):
@@ -244,7 +262,9 @@ def test_check_names_index_patterns(rng):
     assert "an index off by one" in _check_message(np.r_[ref[1:], ref[0]], ref)
     assert "an index off by one" in _check_message(np.r_[ref[1:], np.nan], ref)  # and a NaN tail
     assert "off by 32 (a block's worth?)" in _check_message(np.r_[ref[32:], np.ones(32)], ref)
-    assert "every block of 32 threads redid block 0's elements" in _check_message(ref[np.arange(100) % 32], ref)
+    assert "every block of 32 threads redid block 0's elements" in _check_message(
+        ref[np.arange(100) % 32], ref
+    )
     square = random_array((6, 6), np.float64, rng)
     assert "transpose" in _check_message(square.T.copy(), square)
     assert "off by the same 0.5" in _check_message(ref + 0.5, ref)
@@ -255,7 +275,7 @@ def test_check_names_a_missing_per_block_term(rng):
     # An inclusive scan whose blocks of 32 never add the sums of the blocks before them.
     x = random_array(70, np.int32, rng)
     ref = np.cumsum(x).astype(np.int32)
-    out = np.concatenate([np.cumsum(x[b:b + 32]) for b in range(0, 70, 32)]).astype(np.int32)
+    out = np.concatenate([np.cumsum(x[b : b + 32]) for b in range(0, 70, 32)]).astype(np.int32)
     assert "one constant for each run of 32 elements" in _check_message(out, ref)
 
 
@@ -278,7 +298,9 @@ def test_check_untouched_says_where(rng):
     host = g._buffer.copy_to_host()
     host[-3:] = 1.0
     g._buffer.copy_to_device(host)
-    with pytest.raises(CheckError, match=r"wrote outside the output array \(3 cells past its end\)"):
+    with pytest.raises(
+        CheckError, match=r"wrote outside the output array \(3 cells past its end\)"
+    ):
         g.check_untouched()
 
 
@@ -288,18 +310,30 @@ def test_checker_frames_are_hidden_and_the_seed_replays(tmp_path, monkeypatch, c
     (tmp_path / "test_draw.py").write_text(
         "import numpy as np\nfrom common.checking import check\n\n\n"
         "def test_draw(rng):\n    x = rng.integers(1 << 30)\n    print('drew', x)\n"
-        "    check(np.array([1.0, 2.0]), np.array([1.0, 3.0]))\n")
+        "    check(np.array([1.0, 2.0]), np.array([1.0, 3.0]))\n"
+    )
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delenv("COURSE_SEED", raising=False)
-    args = [str(tmp_path), "-p", "tests.conftest", "-p", "no:cacheprovider", "-p", "no:xdist",
-            "--tb=long", "-rN"]
+    args = [
+        str(tmp_path),
+        "-p",
+        "tests.conftest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+        "--tb=long",
+        "-rN",
+    ]
     pytest.main([*args, "--seed", "1234"])
     out = capsys.readouterr().out
     drawn = np.random.default_rng(1234).integers(1 << 30)
     assert f"drew {drawn}" in out and "CheckError: output: relative error" in out
     assert "def check(" not in out and "o = _to_host(out)" not in out
     # (the node id's folder depends on where pytest finds its rootdir)
-    assert re.search(r'replay: python -m pytest "[^"]*test_draw\.py::test_draw" --seed 1234', out), out
+    assert re.search(
+        r'replay: python -m pytest "[^"]*test_draw\.py::test_draw" --seed 1234', out
+    ), out
     monkeypatch.setenv("COURSE_SEED", "1234")
     pytest.main(args)
     assert f"drew {drawn}" in capsys.readouterr().out
@@ -380,8 +414,14 @@ def test_benchmark_in_this_runtime(rng):
 
 
 def test_timing_rates_from_bytes_and_flops():
-    t = timing.Timing("x", median_ms=2.0, nbytes=4_000_000_000, flops=6_000_000_000_000,
-                      peak_gbps=4000.0, peak_tflops=50.0)
+    t = timing.Timing(
+        "x",
+        median_ms=2.0,
+        nbytes=4_000_000_000,
+        flops=6_000_000_000_000,
+        peak_gbps=4000.0,
+        peak_tflops=50.0,
+    )
     assert t.gbps == pytest.approx(2000.0)
     assert t.fraction_of_copy_peak == pytest.approx(0.5)
     assert t.tflops == pytest.approx(3000.0)
@@ -424,8 +464,17 @@ def test_run_versions_checks_every_version(rng):
     n = 70
     a = random_array(n, rng=rng)
     b = random_array(n, rng=rng)
-    res = run_versions({"good": _add}, (a, b), a.astype(np.float64) + b, n, tol=1e-6,
-                       nbytes=12 * n, repeats=2, warmup=1, print_table=False)
+    res = run_versions(
+        {"good": _add},
+        (a, b),
+        a.astype(np.float64) + b,
+        n,
+        tol=1e-6,
+        nbytes=12 * n,
+        repeats=2,
+        warmup=1,
+        print_table=False,
+    )
     assert res[0].extra["rel_error"] < 1e-6
     half = partial(_add, blocks=1)  # covers only 32 of 70
     with pytest.raises(CheckError, match="NaN"):
@@ -479,10 +528,14 @@ def test_environment_yml_matches_pyproject():
     import tomllib
 
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
-    pip_names = _requirement_names(project["dependencies"] + project["optional-dependencies"]["dev"])
+    pip_names = _requirement_names(
+        project["dependencies"] + project["optional-dependencies"]["dev"]
+    )
     conda = _environment_yml_packages((REPO_ROOT / "environment.yml").read_text())
     conda = {CONDA_TO_PIP.get(n, n) for n in conda} - {"python", "pip"}
-    assert conda == pip_names, f"only in environment.yml: {conda - pip_names}; only in pyproject: {pip_names - conda}"
+    assert conda == pip_names, (
+        f"only in environment.yml: {conda - pip_names}; only in pyproject: {pip_names - conda}"
+    )
 
 
 def test_numpy_pin_excludes_2_5():
@@ -516,18 +569,30 @@ def test_doctor_runs_and_recognises_known_breakages(capsys):
 
     assert doctor.report() == 0
     out = capsys.readouterr().out
-    assert f"runtime: {runtime.runtime_name()}" in out and "test kernel (vector add, 1000 elements): ok" in out
+    assert (
+        f"runtime: {runtime.runtime_name()}" in out
+        and "test kernel (vector add, 1000 elements): ok" in out
+    )
     found = doctor.static_findings({"numpy": "2.5.1", "numba-cuda": "0.30.4"})
     assert any("numpy>=2.0,<2.5" in f.fix for f in found)
     found = doctor.static_findings({"numpy": "2.4.0", "numba-cuda": None})
     assert any("numba-cuda" in f.fix for f in found)
-    ptx = doctor._classify(RuntimeError("CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain"))
+    ptx = doctor._classify(
+        RuntimeError(
+            "CUDA_ERROR_UNSUPPORTED_PTX_VERSION: the provided PTX was compiled with an unsupported toolchain"
+        )
+    )
     assert "driver" in ptx.fix
-    assert "row_stack" in doctor._classify(AttributeError("module 'numpy' has no attribute 'row_stack'")).problem
+    assert (
+        "row_stack"
+        in doctor._classify(AttributeError("module 'numpy' has no attribute 'row_stack'")).problem
+    )
 
 
 def test_doctor_command_exit_status():
-    out = subprocess.run([sys.executable, "-m", "common.doctor"], capture_output=True, text=True, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "common.doctor"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "verdict: ready" in out.stdout
 

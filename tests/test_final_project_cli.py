@@ -11,6 +11,7 @@ work. The network is never reached (``fetch`` is replaced).
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 from common.checking import CheckError
 from common.runtime import is_simulator
@@ -28,8 +29,13 @@ from final_project import train as ftrain
 from final_project.model import NetConfig, NumbaCNN, init_params
 
 # The simulator's default run's sizes: a step is about 12,000 simulated threads.
-TINY_CONFIG = NetConfig(height=ftrain.TINY.image_size, width=ftrain.TINY.image_size,
-                        c1=ftrain.TINY.c1, c2=ftrain.TINY.c2, hidden=ftrain.TINY.hidden)
+TINY_CONFIG = NetConfig(
+    height=ftrain.TINY.image_size,
+    width=ftrain.TINY.image_size,
+    c1=ftrain.TINY.c1,
+    c2=ftrain.TINY.c2,
+    hidden=ftrain.TINY.hidden,
+)
 
 
 @pytest.fixture
@@ -43,8 +49,9 @@ def offline(tmp_path, monkeypatch):
 
 def _tiny_batch(n: int, offset: int = 0):
     ds = datasets.load_sample()
-    x = data.normalise(data.shrink(ds.train_images[offset : offset + n], TINY_CONFIG.height),
-                        ds.mean, ds.std)
+    x = data.normalise(
+        data.shrink(ds.train_images[offset : offset + n], TINY_CONFIG.height), ds.mean, ds.std
+    )
     return np.ascontiguousarray(x), ds.train_labels[offset : offset + n].astype(np.int32)
 
 
@@ -89,11 +96,15 @@ def default_run(tmp_path_factory):
     return printed.getvalue(), root
 
 
+@pytest.mark.xdist_group("default_run")  # one worker runs the 30 s fixture, once
 def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run):
     printed, _ = default_run
     steps = ftrain.TINY.epochs * (ftrain.TINY.n_train // ftrain.TINY.batch_size)
-    losses = [float(line.rsplit("mean loss ", 1)[1]) for line in printed.splitlines()
-              if line.startswith("steps ")]
+    losses = [
+        float(line.rsplit("mean loss ", 1)[1])
+        for line in printed.splitlines()
+        if line.startswith("steps ")
+    ]
     # a line every log_every steps, though stdout is no terminal
     assert len(losses) == steps // ftrain.TINY.log_every, printed
     # Falls: the last quarter's mean is clearly below the first quarter's.
@@ -104,11 +115,15 @@ def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run
     # deterministic and ends near 44%, so 30% is far above chance and below it.
     assert f"on {ftrain.TINY.n_test} images" in printed
     assert accuracy >= 30, printed
-    assert "shipped sample" in printed and "python -m final_project.datasets --download mnist" in printed
+    assert (
+        "shipped sample" in printed
+        and "python -m final_project.datasets --download mnist" in printed
+    )
     assert printed.count("python -m final_project.datasets --download mnist") == 1
     assert "NetConfig(" not in printed and "simulator (simulator)" not in printed
 
 
+@pytest.mark.xdist_group("default_run")  # one worker runs the 30 s fixture, once
 def test_default_run_gets_a_fresh_folder_that_evaluate_loads(default_run, capsys):
     printed, root = default_run
     earlier = root / "runs" / "final_project" / "run-001" / "checkpoint.npz"
@@ -140,8 +155,9 @@ def test_fresh_run_dir_numbers_after_the_highest(tmp_path):
     assert (tmp_path / "runs" / "run-008").is_dir()
 
 
-def test_an_earlier_checkpoint_in_out_is_refused_before_anything_runs(tmp_path, capsys,
-                                                                       monkeypatch):
+def test_an_earlier_checkpoint_in_out_is_refused_before_anything_runs(
+    tmp_path, capsys, monkeypatch
+):
     (tmp_path / "checkpoint.npz").write_bytes(b"an earlier run")
     monkeypatch.setattr(ftrain, "load_data", _must_not_run)
     with pytest.raises(SystemExit) as e:
@@ -203,8 +219,17 @@ def test_train_cli_check_path(offline, capsys, monkeypatch):
         return checked[-1]
 
     monkeypatch.setattr(ftrain, "check_train_step", spy)
-    argv = ["--out", str(offline / "c"), "--sample", "--check", "--check-every", "2",
-            "--max-steps", "2", "--tiny"]
+    argv = [
+        "--out",
+        str(offline / "c"),
+        "--sample",
+        "--check",
+        "--check-every",
+        "2",
+        "--max-steps",
+        "2",
+        "--tiny",
+    ]
     assert ftrain.main(argv) == 0
     assert len(checked) == 1  # step 0 checked, step 1 plain
     assert "checked every 2 steps" in capsys.readouterr().out
@@ -239,11 +264,19 @@ def test_check_step_catches_a_missing_update(monkeypatch):
 
 def test_train_cli_check_stops_on_a_broken_kernel(offline, capsys, monkeypatch):
     monkeypatch.setattr(kernels, "relu_backward", _relu_backward_without_mask)
-    argv = ["--out", str(offline / "c"), "--sample", "--check", "--check-every", "2",
-            "--max-steps", "1", "--tiny"]
+    argv = [
+        "--out",
+        str(offline / "c"),
+        "--sample",
+        "--check",
+        "--check-every",
+        "2",
+        "--max-steps",
+        "1",
+        "--tiny",
+    ]
     assert ftrain.main(argv) == 1
-    assert "--check failed: step 1 disagrees with the float64 reference" in \
-        capsys.readouterr().err
+    assert "--check failed: step 1 disagrees with the float64 reference" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------
@@ -253,8 +286,21 @@ def test_train_cli_check_stops_on_a_broken_kernel(offline, capsys, monkeypatch):
 
 def test_compare_tiny_writes_json_and_plot(offline, capsys):
     out = offline / "cmp"
-    argv = ["--out", str(out), "--sample", "--epochs", "1", "--max-steps", "2",
-            "--time-steps", "1", "--time-batch-sizes", "8", "--loss-every", "1"]
+    argv = [
+        "--out",
+        str(out),
+        "--sample",
+        "--epochs",
+        "1",
+        "--max-steps",
+        "2",
+        "--time-steps",
+        "1",
+        "--time-batch-sizes",
+        "8",
+        "--loss-every",
+        "1",
+    ]
     assert fcompare.main(argv + ([] if is_simulator() else ["--tiny"])) == 0
     printed = capsys.readouterr().out
     assert "the timings say nothing about a GPU" in printed or not is_simulator()
@@ -274,8 +320,7 @@ def test_compare_tiny_writes_json_and_plot(offline, capsys):
 
 
 def test_compare_bad_batch_sizes_are_rejected():
-    for argv in (["--time-batch-sizes", "64,zero"], ["--time-batch-sizes", "0"],
-                 ["--epochs", "0"]):
+    for argv in (["--time-batch-sizes", "64,zero"], ["--time-batch-sizes", "0"], ["--epochs", "0"]):
         with pytest.raises(SystemExit) as e:
             fcompare.main(argv)
         assert e.value.code == 2
@@ -285,8 +330,9 @@ def test_compare_timing_only_skips_the_accuracy_run(offline, monkeypatch, capsys
     # Only the path through main: training must not start, timing must.
     timed = []
     monkeypatch.setattr(ftrain, "train", _must_not_run)
-    monkeypatch.setattr(fcompare, "time_steps",
-                        lambda *a, **k: timed.append(a[3]) or {"batch_size": a[3], "ms": {}})
+    monkeypatch.setattr(
+        fcompare, "time_steps", lambda *a, **k: timed.append(a[3]) or {"batch_size": a[3], "ms": {}}
+    )
     out = offline / "cmp"
     argv = ["--timing-only", "--sample", "--out", str(out), "--time-batch-sizes", "8"]
     assert fcompare.main(argv + ([] if is_simulator() else ["--tiny"])) == 0
@@ -310,8 +356,10 @@ def test_wrong_batches_into_the_model_are_clear_errors():
         ((cuda.to_device(x.astype(np.float64)), y_dev), "float32"),
         ((x_dev, cuda.to_device(y.astype(np.int64))), "int32"),
         ((x_dev, y_dev[:3]), "one label per image"),
-        ((cuda.to_device(np.concatenate([x, x])), cuda.to_device(np.concatenate([y, y]))),
-         "max_batch"),
+        (
+            (cuda.to_device(np.concatenate([x, x])), cuda.to_device(np.concatenate([y, y]))),
+            "max_batch",
+        ),
     ]
     for (xb, yb), message in cases:
         with pytest.raises(ValueError, match=message):
@@ -320,12 +368,15 @@ def test_wrong_batches_into_the_model_are_clear_errors():
         model.train_step(x, y, lr=0.1)
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--data-dir", "/nonexistent/mnist"], "no such directory"),
-    (["--dataset", "fashion-mnist"], "--data-dir"),
-    (["--sample", "--train-from-test", "300"], "need 0 < N < 300"),
-    (["--sample", "--batch-size", "5000", "--no-tiny"], "smaller --batch-size"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--data-dir", "/nonexistent/mnist"], "no such directory"),
+        (["--dataset", "fashion-mnist"], "--data-dir"),
+        (["--sample", "--train-from-test", "300"], "need 0 < N < 300"),
+        (["--sample", "--batch-size", "5000", "--no-tiny"], "smaller --batch-size"),
+    ],
+)
 def test_train_cli_errors(offline, capsys, argv, message):
     assert ftrain.main(argv) == 1
     assert message in capsys.readouterr().err
@@ -338,21 +389,24 @@ def test_train_cli_data_dir_without_files_is_an_error(offline, capsys):
     assert "does not hold the mnist files" in err and "train-images-idx3-ubyte" in err
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
-    (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
-    (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
-    (["--c1", "0"], "argument --c1: must be >= 1, got 0"),
-    (["--c2", "0"], "argument --c2: must be >= 1, got 0"),
-    (["--hidden", "0"], "argument --hidden: must be >= 1, got 0"),
-    (["--max-steps", "0"], "argument --max-steps: must be >= 1, got 0"),
-    (["--check", "--check-every", "0"], "argument --check-every: must be >= 1, got 0"),
-    (["--sample", "--train-from-test", "0"], "argument --train-from-test: must be >= 1"),
-    (["--batch-size", "8.5"], "expected a whole number >= 1, got '8.5'"),
-    (["--lr", "0"], "argument --lr: must be a finite number > 0, got 0"),
-    (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
-    (["--sample", "--data-dir", "x"], "give either --sample or --data-dir, not both"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+        (["--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+        (["--epochs", "-1"], "argument --epochs: must be >= 1, got -1"),
+        (["--c1", "0"], "argument --c1: must be >= 1, got 0"),
+        (["--c2", "0"], "argument --c2: must be >= 1, got 0"),
+        (["--hidden", "0"], "argument --hidden: must be >= 1, got 0"),
+        (["--max-steps", "0"], "argument --max-steps: must be >= 1, got 0"),
+        (["--check", "--check-every", "0"], "argument --check-every: must be >= 1, got 0"),
+        (["--sample", "--train-from-test", "0"], "argument --train-from-test: must be >= 1"),
+        (["--batch-size", "8.5"], "expected a whole number >= 1, got '8.5'"),
+        (["--lr", "0"], "argument --lr: must be a finite number > 0, got 0"),
+        (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan"),
+        (["--sample", "--data-dir", "x"], "give either --sample or --data-dir, not both"),
+    ],
+)
 def test_train_cli_rejects_bad_options_before_any_work(argv, message, capsys, monkeypatch):
     # A bad value is an argparse error (exit status 2) that names the option and
     # what it accepts; it is never replaced by a default, and nothing runs.
@@ -383,10 +437,15 @@ def test_compare_timing_windows_path(monkeypatch):
     calls.clear()
     times = fcompare._time_windows(calls.append, steps=2, windows=3, warmup=0, on_gpu=False)
     assert calls == [0, 2, 2, 2] and all(t >= 0 for t in times) and len(times) == 3
-    rows = [{"batch_size": b, "ms": {"numba fast graph": ms, "torch eager": 2 * ms,
-                                     "torch cuda-graph": None},
-             "best_torch": "torch eager", "fast_graph_over_best_torch": 0.5}
-            for b, ms in ((64, 0.25), (1024, 2.5))]
+    rows = [
+        {
+            "batch_size": b,
+            "ms": {"numba fast graph": ms, "torch eager": 2 * ms, "torch cuda-graph": None},
+            "best_torch": "torch eager",
+            "fast_graph_over_best_torch": 0.5,
+        }
+        for b, ms in ((64, 0.25), (1024, 2.5))
+    ]
     table = fcompare.format_timing_table(rows, "H100", "cuda").splitlines()
     assert "batch 64" in table[1] and "batch 1024" in table[1]
     assert table[2].split() == ["numba", "fast", "graph", "0.250", "2.500"]

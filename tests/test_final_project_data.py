@@ -8,6 +8,7 @@ met by made-up bytes, so the tests that download swap in a small fake dataset
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 import dataclasses
 import functools
@@ -69,8 +70,7 @@ def fake_mnist(tmp_path, rng, monkeypatch):
 @pytest.fixture
 def http_root(tmp_path, monkeypatch):
     """A local HTTP server on 127.0.0.1 serving tmp_path/www; yields its base URL."""
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy",
-                "ALL_PROXY"):
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "www"
     root.mkdir()
@@ -202,7 +202,8 @@ def test_data_dir_flat_gz_raw_and_torchvision_layouts(tmp_path, rng, fake_mnist)
     ds = datasets.load_dataset("mnist", data_dir=served)
     assert ds.train_images.shape == (40, 28, 28) and ds.test_labels.shape == (20,)
     np.testing.assert_array_equal(
-        ds.test_labels, np.frombuffer(gzip.decompress(blobs["t10k-labels-idx1-ubyte"])[8:], np.uint8)
+        ds.test_labels,
+        np.frombuffer(gzip.decompress(blobs["t10k-labels-idx1-ubyte"])[8:], np.uint8),
     )
     # torchvision: DIR/MNIST/raw/ holding raw (decompressed) files
     raw_dir = tmp_path / "tv" / "MNIST" / "raw"
@@ -224,8 +225,11 @@ def test_data_dir_flat_gz_raw_and_torchvision_layouts(tmp_path, rng, fake_mnist)
 def test_data_dir_checksum_mismatch_is_an_error(tmp_path, rng, fake_mnist):
     served, _ = fake_mnist
     # Structurally perfect (20 labels 0-9) but not the official bytes.
-    datasets.write_idx(served / "t10k-labels-idx1-ubyte.gz",
-                    rng.integers(0, 10, size=20, dtype=np.uint8), compress=True)
+    datasets.write_idx(
+        served / "t10k-labels-idx1-ubyte.gz",
+        rng.integers(0, 10, size=20, dtype=np.uint8),
+        compress=True,
+    )
     with pytest.raises(ChecksumError, match=r"t10k-labels-idx1-ubyte\.gz: checksum mismatch"):
         datasets.load_dataset("mnist", data_dir=served)
 
@@ -262,8 +266,7 @@ def test_real_payload_checksums_reject_a_swapped_dataset(tmp_path):
 # --------------------------------------------------------------------------
 
 
-def test_download_falls_back_across_mirrors_over_http(tmp_path, fake_mnist, http_root,
-                                                      monkeypatch):
+def test_download_falls_back_across_mirrors_over_http(tmp_path, fake_mnist, http_root, monkeypatch):
     served, blobs = fake_mnist
     www, base = http_root
     (www / "good").mkdir()
@@ -275,8 +278,12 @@ def test_download_falls_back_across_mirrors_over_http(tmp_path, fake_mnist, http
     info = dataclasses.replace(datasets.DATASETS["mnist"], mirrors=mirrors)
     monkeypatch.setitem(datasets.DATASETS, "mnist", info)
     cache = tmp_path / "cache"
-    ds = datasets.load_dataset("mnist", cache_dir=cache, progress=False,
-                            log=lambda s: pytest.fail(f"fell back to the sample: {s}"))
+    ds = datasets.load_dataset(
+        "mnist",
+        cache_dir=cache,
+        progress=False,
+        log=lambda s: pytest.fail(f"fell back to the sample: {s}"),
+    )
     assert not ds.is_sample and "cache" in ds.source
     assert sorted(p.name for p in cache.iterdir()) == sorted(s + ".gz" for s in STEMS)
     for stem, blob in blobs.items():
@@ -292,8 +299,9 @@ def test_download_error_lists_every_mirror_and_leaves_no_file(tmp_path, fake_mni
     info = datasets.DATASETS["mnist"]
     cache = tmp_path / "cache"
     with pytest.raises(DownloadError) as e:
-        datasets.download_file(info, stem, cache, mirrors=(base + "missing/", base + "corrupt/"),
-                            progress=False)
+        datasets.download_file(
+            info, stem, cache, mirrors=(base + "missing/", base + "corrupt/"), progress=False
+        )
     msg = str(e.value)
     assert "404" in msg and "checksum mismatch" in msg and "--data-dir" in msg
     assert list(cache.iterdir()) == []  # neither the corrupt file nor a temp file remains

@@ -44,11 +44,24 @@ def _problem(rng, n, c_in, c_out, h, w, k, pad):
     dout = random_array(tuple(out.shape), np.float32, rng)
     out.backward(torch.from_numpy(dout.astype(np.float64)))
     return SimpleNamespace(
-        n=n, c_in=c_in, c_out=c_out, k=k, pad=pad, h_out=out.shape[2], w_out=out.shape[3],
-        x=x, w=wt, out=out.detach().numpy(), dx=tx.grad.numpy(), dw=tw.grad.numpy(),
+        n=n,
+        c_in=c_in,
+        c_out=c_out,
+        k=k,
+        pad=pad,
+        h_out=out.shape[2],
+        w_out=out.shape[3],
+        x=x,
+        w=wt,
+        out=out.detach().numpy(),
+        dx=tx.grad.numpy(),
+        dw=tw.grad.numpy(),
         db=tb.grad.numpy(),
-        x_=cuda.to_device(x), w_=cuda.to_device(wt), b_=cuda.to_device(b),
-        dout_=cuda.to_device(dout))
+        x_=cuda.to_device(x),
+        w_=cuda.to_device(wt),
+        b_=cuda.to_device(b),
+        dout_=cuda.to_device(dout),
+    )
 
 
 def _block_sums(out, rows, block):
@@ -72,7 +85,7 @@ def _check_forward(pb, launch, rows, block, name):
     got = parts.array.copy_to_host()
     # The batch statistics (summed over p), then each block's own row.
     check(got.sum(0)[0], pb.out.sum((0, 2, 3)), TOL, f"{name} channel sums")
-    check(got.sum(0)[1], (pb.out ** 2).sum((0, 2, 3)), TOL, f"{name} channel sums of squares")
+    check(got.sum(0)[1], (pb.out**2).sum((0, 2, 3)), TOL, f"{name} channel sums of squares")
     ref = _block_sums(pb.out, rows, block)
     check(got[:, 0], ref[:, 0], TOL, f"{name} per-block sums")
     check(got[:, 1], ref[:, 1], TOL, f"{name} per-block sums of squares")
@@ -81,15 +94,21 @@ def _check_forward(pb, launch, rows, block, name):
 def check_forward_igemm(rng, shape, tiles):
     pb = _problem(rng, *shape)
     rows = FC.conv2d_forward_igemm_partial_rows(pb.n, pb.h_out, pb.w_out, tiles)
-    _check_forward(pb, lambda *a: FC.conv2d_forward_igemm(*a, tiles=tiles), rows, tiles.bm,
-                   "igemm forward")
+    _check_forward(
+        pb, lambda *a: FC.conv2d_forward_igemm(*a, tiles=tiles), rows, tiles.bm, "igemm forward"
+    )
 
 
 def check_forward_direct(rng, shape, tiles):
     pb = _problem(rng, *shape)
     rows = FC.conv2d_forward_direct_partial_rows(pb.n, pb.h_out, pb.w_out, pb.c_out, tiles)
-    _check_forward(pb, lambda *a: FC.conv2d_forward_direct(*a, tiles=tiles), rows,
-                   tiles.txp * tiles.tp, "direct forward")
+    _check_forward(
+        pb,
+        lambda *a: FC.conv2d_forward_direct(*a, tiles=tiles),
+        rows,
+        tiles.txp * tiles.tp,
+        "direct forward",
+    )
 
 
 def check_grad_input(rng, shape, tiles):
@@ -101,17 +120,22 @@ def check_grad_input(rng, shape, tiles):
 
 
 def _grad_weight_buffers(pb, tiles):
-    shape = FC.conv2d_grad_weight_igemm_partials_shape(pb.n, pb.h_out, pb.w_out, pb.c_out,
-                                                       pb.c_in, pb.k, tiles)
-    return (guarded(pb.w.shape, np.float32), guarded(pb.c_out, np.float32),
-            guarded(shape, np.float32))
+    shape = FC.conv2d_grad_weight_igemm_partials_shape(
+        pb.n, pb.h_out, pb.w_out, pb.c_out, pb.c_in, pb.k, tiles
+    )
+    return (
+        guarded(pb.w.shape, np.float32),
+        guarded(pb.c_out, np.float32),
+        guarded(shape, np.float32),
+    )
 
 
 def check_grad_weight(rng, shape, tiles):
     pb = _problem(rng, *shape)
     dw, db, parts = _grad_weight_buffers(pb, tiles)
-    FC.conv2d_grad_weight_igemm(pb.dout_, pb.x_, pb.pad, dw.array, db.array, parts.array,
-                                tiles=tiles)
+    FC.conv2d_grad_weight_igemm(
+        pb.dout_, pb.x_, pb.pad, dw.array, db.array, parts.array, tiles=tiles
+    )
     for g, name in ((dw, "dw"), (db, "db"), (parts, "split-K partials")):
         g.check_untouched(f"grad weight {name}")
     check(dw.array, pb.dw, TOL, "grad weight")
@@ -145,24 +169,32 @@ def test_grad_weight_igemm(rng, shape):
     check_grad_weight(rng, shape, FC.SIM_GRAD_WEIGHT_TILES)
 
 
-@pytest.mark.parametrize("shape", [
-    (2, 1, 5, 6, 5, 3, 1),  # conv1: one input channel
-    (1, 3, 4, 4, 5, 3, 1),  # 3 input channels: two staged weight chunks of 2
-    (1, 1, 3, 5, 6, 5, 2),  # 5 x 5 kernel
-    (2, 2, 3, 4, 4, 3, 0),  # 8 pixels: exactly one pixel block
-    (3, 1, 2, 1, 1, 3, 1),  # 1 x 1 image
-], ids=["ci1", "ci3", "k5", "exact-block", "1x1"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (2, 1, 5, 6, 5, 3, 1),  # conv1: one input channel
+        (1, 3, 4, 4, 5, 3, 1),  # 3 input channels: two staged weight chunks of 2
+        (1, 1, 3, 5, 6, 5, 2),  # 5 x 5 kernel
+        (2, 2, 3, 4, 4, 3, 0),  # 8 pixels: exactly one pixel block
+        (3, 1, 2, 1, 1, 3, 1),  # 1 x 1 image
+    ],
+    ids=["ci1", "ci3", "k5", "exact-block", "1x1"],
+)
 def test_forward_direct(rng, shape):
     check_forward_direct(rng, shape, FC.SIM_DIRECT_TILES)
 
 
 # Other tile shapes: whole 3 x 3 kernels in a K-tile of 2 channels (Ci = 3 leaves
 # the last K-tile half empty); two threads per im2col row (R = 2); a 1 x 1 kernel.
-@pytest.mark.parametrize("tiles, shape", [
-    (FC.IgemmTiles(8, 8, 2, 4, 18), (1, 3, 5, 4, 5, 3, 1)),
-    (FC.IgemmTiles(4, 8, 2, 2, 8), (1, 3, 5, 3, 4, 3, 1)),
-    (FC.IgemmTiles(8, 4, 2, 2, 6), (2, 5, 3, 3, 2, 1, 0)),
-], ids=["whole-kernels", "two-threads-a-row", "k1"])
+@pytest.mark.parametrize(
+    "tiles, shape",
+    [
+        (FC.IgemmTiles(8, 8, 2, 4, 18), (1, 3, 5, 4, 5, 3, 1)),
+        (FC.IgemmTiles(4, 8, 2, 2, 8), (1, 3, 5, 3, 4, 3, 1)),
+        (FC.IgemmTiles(8, 4, 2, 2, 6), (2, 5, 3, 3, 2, 1, 0)),
+    ],
+    ids=["whole-kernels", "two-threads-a-row", "k1"],
+)
 def test_igemm_other_tiles(rng, tiles, shape):
     check_forward_igemm(rng, shape, tiles)
     check_grad_input(rng, shape, tiles)
@@ -183,8 +215,9 @@ def test_forward_direct_gpu_tiles(rng):
 
 def test_grad_weight_igemm_gpu_tiles(rng):
     # The GPU tile shape with chunks of one K-tile, so the split-K path runs (2 chunks).
-    tiles = dataclasses.replace(FC.GPU_GRAD_WEIGHT_TILES, max_chunk=16, min_chunk=16,
-                                target_blocks=2)
+    tiles = dataclasses.replace(
+        FC.GPU_GRAD_WEIGHT_TILES, max_chunk=16, min_chunk=16, target_blocks=2
+    )
     check_grad_weight(rng, (1, 2, 3, 5, 5, 3, 1), tiles)
 
 
@@ -233,11 +266,13 @@ def test_check_catches_dropped_split_k_chunk(rng):
     reduce = FC.make_split_k_reduce(*FC.REDUCE_SHAPE)
     pb = _problem(rng, 1, 2, 3, 4, 5, 3, 1)
     dw, db, parts = _grad_weight_buffers(pb, tiles)
-    s_count, chunk = FC.grad_weight_split(pb.n * pb.h_out * pb.w_out, pb.c_out,
-                                          pb.c_in * 9 + 1, tiles)
+    s_count, chunk = FC.grad_weight_split(
+        pb.n * pb.h_out * pb.w_out, pb.c_out, pb.c_in * 9 + 1, tiles
+    )
     assert s_count >= 2
-    FC.launch_conv2d_grad_weight_igemm(kernel, reduce, pb.dout_, pb.x_, pb.pad, dw.array,
-                                       db.array, parts.array, chunk, s_count - 1)
+    FC.launch_conv2d_grad_weight_igemm(
+        kernel, reduce, pb.dout_, pb.x_, pb.pad, dw.array, db.array, parts.array, chunk, s_count - 1
+    )
     with pytest.raises(CheckError, match="grad weight"):
         check(dw.array, pb.dw, TOL, "grad weight")
 
@@ -252,8 +287,10 @@ def test_grad_weight_split_fills_the_gpu(batch):
     """At the network's shapes every chunk is a whole number of K-tiles, at most
     max_chunk pixels (short float32 sums), the chunks cover the batch exactly,
     and the grid has at least one block per SM."""
-    for c_out, c_in, size, tiles in ((64, 32, 14, FC.GPU_GRAD_WEIGHT_TILES),
-                                     (32, 1, 28, FC.GPU_GRAD_WEIGHT_TILES_SMALL)):
+    for c_out, c_in, size, tiles in (
+        (64, 32, 14, FC.GPU_GRAD_WEIGHT_TILES),
+        (32, 1, 28, FC.GPU_GRAD_WEIGHT_TILES_SMALL),
+    ):
         m_total = batch * size * size
         n_cols = c_in * 9 + 1
         s_count, chunk = FC.grad_weight_split(m_total, c_out, n_cols, tiles)
@@ -262,13 +299,18 @@ def test_grad_weight_split_fills_the_gpu(batch):
         blocks = s_count * -(-c_out // tiles.bm) * -(-n_cols // tiles.bn)
         assert blocks >= FC.NUM_SMS
         assert FC.conv2d_grad_weight_igemm_partials_shape(
-            batch, size, size, c_out, c_in, 3, tiles) == (s_count, c_out, n_cols)
+            batch, size, size, c_out, c_in, 3, tiles
+        ) == (s_count, c_out, n_cols)
 
 
 def test_every_kernel_size_fits_the_gpu_tiles():
     """Each GPU tile shape builds (shared memory within 48 KiB) for K = 1..15."""
-    igemm = (FC.GPU_IGEMM_TILES, FC.GPU_IGEMM_TILES_NARROW, FC.GPU_IGEMM_TILES_SMALL_M,
-             FC.GPU_IGEMM_TILES_SMALL_M_NARROW)
+    igemm = (
+        FC.GPU_IGEMM_TILES,
+        FC.GPU_IGEMM_TILES_NARROW,
+        FC.GPU_IGEMM_TILES_SMALL_M,
+        FC.GPU_IGEMM_TILES_SMALL_M_NARROW,
+    )
     t = FC.GPU_DIRECT_TILES
     for k in range(1, FC.MAX_KERNEL_SIZE + 1):
         for tiles in igemm:
@@ -283,18 +325,26 @@ def test_bad_arguments_are_refused(rng):
     rows = FC.conv2d_forward_igemm_partial_rows(pb.n, pb.h_out, pb.w_out)
     out = cuda.device_array(pb.out.shape, np.float32)
     with pytest.raises(ValueError, match="bn_partials"):
-        FC.conv2d_forward_igemm(pb.x_, pb.w_, pb.b_, pb.pad, out,
-                                cuda.device_array((rows + 1, 2, pb.c_out), np.float64))
+        FC.conv2d_forward_igemm(
+            pb.x_, pb.w_, pb.b_, pb.pad, out, cuda.device_array((rows + 1, 2, pb.c_out), np.float64)
+        )
     with pytest.raises(TypeError):  # float32 partials
-        FC.conv2d_forward_direct(pb.x_, pb.w_, pb.b_, pb.pad, out,
-                                 cuda.device_array((rows, 2, pb.c_out), np.float32))
+        FC.conv2d_forward_direct(
+            pb.x_, pb.w_, pb.b_, pb.pad, out, cuda.device_array((rows, 2, pb.c_out), np.float32)
+        )
     with pytest.raises(TypeError):  # a host array
         FC.conv2d_grad_input_igemm(pb.dout_, pb.w, pb.pad, cuda.device_array(pb.x.shape))
     with pytest.raises(ValueError, match="out must be"):  # wrong padding for out's shape
-        FC.conv2d_forward_igemm(pb.x_, pb.w_, pb.b_, 0, out,
-                                cuda.device_array((rows, 2, pb.c_out), np.float64))
+        FC.conv2d_forward_igemm(
+            pb.x_, pb.w_, pb.b_, 0, out, cuda.device_array((rows, 2, pb.c_out), np.float64)
+        )
     big = cuda.to_device(np.zeros((3, 2, 16, 16), np.float32))
     with pytest.raises(ValueError, match="kernel size"):
-        FC.conv2d_grad_weight_igemm(pb.dout_, pb.x_, pb.pad, big,
-                                    cuda.device_array(3, np.float32),
-                                    cuda.device_array((1, 3, 513), np.float32))
+        FC.conv2d_grad_weight_igemm(
+            pb.dout_,
+            pb.x_,
+            pb.pad,
+            big,
+            cuda.device_array(3, np.float32),
+            cuda.device_array((1, 3, 513), np.float32),
+        )

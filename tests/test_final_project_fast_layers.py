@@ -43,8 +43,9 @@ def _partials_of(z, rows):
     return out
 
 
-def _bn_forward_stats(rng, z, rows=3, eps=1e-5, momentum=0.1, zero_beta=(),
-                      finalize=fl.bn_stats_finalize):
+def _bn_forward_stats(
+    rng, z, rows=3, eps=1e-5, momentum=0.1, zero_beta=(), finalize=fl.bn_stats_finalize
+):
     c = z.shape[1]
     gamma = random_array(c, np.float32, rng, 0.5, 2.0)
     # beta >= 0: each channel's largest value passes the ReLU, so with one
@@ -55,9 +56,17 @@ def _bn_forward_stats(rng, z, rows=3, eps=1e-5, momentum=0.1, zero_beta=(),
     rv = random_array(c, np.float32, rng, 0.5, 2.0)
     dev = {k: cuda.to_device(v) for k, v in dict(gamma=gamma, beta=beta, rm=rm, rv=rv).items()}
     stats = {k: guarded(c, np.float32) for k in ("mean", "invstd", "scale", "shift")}
-    finalize(cuda.to_device(_partials_of(z, rows)), z.size // c, dev["gamma"], dev["beta"], eps,
-             momentum, dev["rm"], dev["rv"],
-             *(stats[k].array for k in ("mean", "invstd", "scale", "shift")))
+    finalize(
+        cuda.to_device(_partials_of(z, rows)),
+        z.size // c,
+        dev["gamma"],
+        dev["beta"],
+        eps,
+        momentum,
+        dev["rm"],
+        dev["rv"],
+        *(stats[k].array for k in ("mean", "invstd", "scale", "shift")),
+    )
     for k, g in stats.items():
         g.check_untouched(k)
     return gamma, beta, rm, rv, dev, {k: g.array for k, g in stats.items()}
@@ -65,8 +74,10 @@ def _bn_forward_stats(rng, z, rows=3, eps=1e-5, momentum=0.1, zero_beta=(),
 
 def _conv_like(rng, n, c, h, w):
     """Per-channel shifted and scaled data, as a convolution's output."""
-    return (random_array((n, c, h, w), np.float32, rng) * rng.uniform(0.5, 3, (1, c, 1, 1))
-            + rng.uniform(-2, 2, (1, c, 1, 1))).astype(np.float32)
+    return (
+        random_array((n, c, h, w), np.float32, rng) * rng.uniform(0.5, 3, (1, c, 1, 1))
+        + rng.uniform(-2, 2, (1, c, 1, 1))
+    ).astype(np.float32)
 
 
 @pytest.mark.parametrize("n, c, h, w, rows", [(2, 3, 4, 6, 3), (1, 5, 2, 2, 1), (3, 1, 4, 4, 7)])
@@ -95,9 +106,14 @@ def _bn_block_reference(z, gamma, beta, dpooled_shape_rng):
     return tz, tg, tb, pooled, idx
 
 
-def check_bn_relu_maxpool(rng, z, zero_beta=(), forward=fl.bn_relu_maxpool_forward,
-                          reduce=fl.bn_relu_maxpool_backward_reduce,
-                          backward_dx=fl.bn_relu_maxpool_backward_dx):
+def check_bn_relu_maxpool(
+    rng,
+    z,
+    zero_beta=(),
+    forward=fl.bn_relu_maxpool_forward,
+    reduce=fl.bn_relu_maxpool_backward_reduce,
+    backward_dx=fl.bn_relu_maxpool_backward_dx,
+):
     """maxpool(relu(batchnorm(z))) forward (values and the argmax code) and
     backward (dgamma, dbeta, dz) against torch; ``zero_beta``: channels whose
     beta is 0 (with a channel mean of exactly 0, a z of 0 is then exactly 0
@@ -116,12 +132,17 @@ def check_bn_relu_maxpool(rng, z, zero_beta=(), forward=fl.bn_relu_maxpool_forwa
     # invstd near 1/sqrt(eps), scale and shift huge): allow the float32 rounding
     # of those terms, about 6 roundings of |z scale| + |mean scale| + |beta|
     # (scale and shift are rounded too), at the pooled element's window.
-    sc64, mean64 = (st[k].copy_to_host().astype(np.float64)[None, :, None, None]
-                    for k in ("scale", "mean"))
+    sc64, mean64 = (
+        st[k].copy_to_host().astype(np.float64)[None, :, None, None] for k in ("scale", "mean")
+    )
     terms = np.abs(z * sc64) + np.abs(mean64 * sc64) + np.abs(beta)[None, :, None, None]
     terms = F.max_pool2d(torch.from_numpy(terms), 2).numpy()
-    check(pooled.array, pooled_ref.detach(), rounding_tolerance(pooled_ref, terms, 6, TOL),
-          "bn+relu+pool forward")
+    check(
+        pooled.array,
+        pooled_ref.detach(),
+        rounding_tolerance(pooled_ref, terms, 6, TOL),
+        "bn+relu+pool forward",
+    )
     ref_code = (idx // w % 2) * 2 + idx % w % 2  # torch's flat plane index -> window position
     check(argmax.array, ref_code.numpy().astype(np.int8), name="argmax (first maximum wins)")
 
@@ -161,7 +182,7 @@ def _zero_preactivation_input(rng, n=2, c=2, h=4, w=6):
     z = _conv_like(rng, n, c, h, w)
     q = rng.integers(1, 17, (n, h, w)) * rng.choice([-1.0, 1.0], (n, h, w)) / 8
     for pw in (0, 1):
-        q[:, 0:2, 2 * pw:2 * pw + 2] = -np.abs(q[:, 0:2, 2 * pw:2 * pw + 2])
+        q[:, 0:2, 2 * pw : 2 * pw + 2] = -np.abs(q[:, 0:2, 2 * pw : 2 * pw + 2])
         q[:, 0, 2 * pw] = 0.0
     q[-1, -1, -1] -= q.sum()  # the channel mean becomes exactly 0
     z[:, 0] = q
@@ -186,32 +207,35 @@ def test_bn_relu_maxpool_check_catches_last_maximum(rng):
 
 
 def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
-    kernel = mutant(fl.make_bn_backward_reduce, ("if zv * sc + sh > 0.0:",
-                                                 "if zv * sc + sh >= 0.0:"))(fl.BN_REDUCE_BLOCK)
+    kernel = mutant(
+        fl.make_bn_backward_reduce, ("if zv * sc + sh > 0.0:", "if zv * sc + sh >= 0.0:")
+    )(fl.BN_REDUCE_BLOCK)
 
     def broken(dpooled, argmax, z, mean, invstd, scale, shift, partials):
         n, c, h_out, w_out = dpooled.shape
         per = fl.bn_backward_images_per_block(n, h_out, w_out)
         kernel[(c, ceil_div(n, per)), fl.BN_REDUCE_BLOCK](
-            dpooled, argmax, z, mean, invstd, scale, shift, per, partials)
+            dpooled, argmax, z, mean, invstd, scale, shift, per, partials
+        )
 
     with pytest.raises(CheckError, match="dgamma|dbeta"):
-        check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,),
-                              reduce=broken)
+        check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,), reduce=broken)
 
 
 def test_relu_zero_check_catches_open_mask_in_backward_dx(rng):
-    kernel = mutant(fl.bn_relu_maxpool_backward_dx_kernel,
-                    ("if zw * scale[c] + shift[c] > 0 else",
-                     "if zw * scale[c] + shift[c] >= 0 else"))
+    kernel = mutant(
+        fl.bn_relu_maxpool_backward_dx_kernel,
+        ("if zw * scale[c] + shift[c] > 0 else", "if zw * scale[c] + shift[c] >= 0 else"),
+    )
 
     def broken(*args):
         grid, block = fl._window_grid(args[0].shape)
         kernel[grid, block](*args)
 
     with pytest.raises(CheckError, match="dz"):
-        check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,),
-                              backward_dx=broken)
+        check_bn_relu_maxpool(
+            rng, _zero_preactivation_input(rng), zero_beta=(0,), backward_dx=broken
+        )
 
 
 def check_bn_eval_scale_shift(rng, scale_shift=fl.bn_eval_scale_shift):
@@ -220,8 +244,7 @@ def check_bn_eval_scale_shift(rng, scale_shift=fl.bn_eval_scale_shift):
     rm, rv = random_array(c, np.float32, rng), random_array(c, np.float32, rng, 0.1, 2.0)
     rv[0] = 1e-7  # a tiny running variance: eps must matter
     scale, shift = guarded(c, np.float32), guarded(c, np.float32)
-    scale_shift(*(cuda.to_device(a) for a in (gamma, beta, rm, rv)), 1e-5, scale.array,
-                shift.array)
+    scale_shift(*(cuda.to_device(a) for a in (gamma, beta, rm, rv)), 1e-5, scale.array, shift.array)
     sc_ref = gamma / np.sqrt(rv.astype(np.float64) + 1e-5)
     check(scale.array, sc_ref, TOL, "eval scale")
     check(shift.array, beta - rm * sc_ref, TOL, "eval shift")
@@ -232,8 +255,10 @@ def test_bn_eval_scale_shift(rng):
 
 
 def test_eval_eps_check_catches_missing_eps(rng):
-    kernel = mutant(fl.bn_eval_scale_shift_kernel, ("math.sqrt(running_var[c] + eps)",
-                                                    "math.sqrt(running_var[c])"))
+    kernel = mutant(
+        fl.bn_eval_scale_shift_kernel,
+        ("math.sqrt(running_var[c] + eps)", "math.sqrt(running_var[c])"),
+    )
     with pytest.raises(CheckError, match="eval scale"):
         check_bn_eval_scale_shift(rng, lambda *args: kernel[1, fl.THREADS](*args))
 
@@ -258,12 +283,15 @@ def test_bn_stats_variance_below_eps(rng):
 
 
 def test_tiny_variance_check_catches_missing_eps_in_training(rng):
-    stats_kernel, _ = mutant(fl.make_partials_finalize, (
-        "inv = 1.0 / math.sqrt(var + eps)", "inv = 1.0 / math.sqrt(var)"))(fl.REDUCE_THREADS)
+    stats_kernel, _ = mutant(
+        fl.make_partials_finalize,
+        ("inv = 1.0 / math.sqrt(var + eps)", "inv = 1.0 / math.sqrt(var)"),
+    )(fl.REDUCE_THREADS)
 
     def broken(partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift):
         stats_kernel[mean.shape[0], fl.REDUCE_THREADS](
-            partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift)
+            partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift
+        )
 
     with pytest.raises(CheckError, match="below eps"):
         check_bn_stats_tiny_variance(rng, finalize=broken)
@@ -324,8 +352,9 @@ def test_gemm_missing_k_chunk_fails(rng):
     chunk = fl.GEMM_BK
     splits = -(-n_in // chunk)
     part = cuda.to_device(np.zeros((splits, n, n_out), np.float32))
-    fl.gemm_splitk_nt[(1, 1, splits - 1), fl.GEMM_THREADS](cuda.to_device(x), cuda.to_device(w),
-                                                          chunk, part)
+    fl.gemm_splitk_nt[(1, 1, splits - 1), fl.GEMM_THREADS](
+        cuda.to_device(x), cuda.to_device(w), chunk, part
+    )
     with pytest.raises(CheckError):
         check(part.copy_to_host().sum(0), x.astype(np.float64) @ w.T, TOL, "short split-K")
 
@@ -351,15 +380,22 @@ def test_classifier_fused(rng, n, hidden, classes):
     loss.backward()
     # dh as the network sees it: through fc1's ReLU (h > 0)
     dh_ref = th.grad * torch.from_numpy(h > 0)
-    outs = {k: guarded(s, np.float32) for k, s in dict(
-        logits=(n, classes), row_loss=n, dlogits=(n, classes), dh=(n, hidden)).items()}
-    fl.classifier_fused(*(cuda.to_device(a) for a in (h, w, b, labels)),
-                        *(outs[k].array for k in ("logits", "row_loss", "dlogits", "dh")))
+    outs = {
+        k: guarded(s, np.float32)
+        for k, s in dict(
+            logits=(n, classes), row_loss=n, dlogits=(n, classes), dh=(n, hidden)
+        ).items()
+    }
+    fl.classifier_fused(
+        *(cuda.to_device(a) for a in (h, w, b, labels)),
+        *(outs[k].array for k in ("logits", "row_loss", "dlogits", "dh")),
+    )
     for k, g in outs.items():
         g.check_untouched(k)
     check(outs["logits"].array, logits_ref.detach(), TOL, "logits")
-    row_ref = F.cross_entropy(logits_ref.detach(), torch.from_numpy(labels).long(),
-                              reduction="none")
+    row_ref = F.cross_entropy(
+        logits_ref.detach(), torch.from_numpy(labels).long(), reduction="none"
+    )
     # A row's loss is lse - logit[label]: in float32 both terms carry an absolute
     # error of a few eps * |logit|, which a confident row's tiny loss cannot
     # absorb. Allow that much per row (as checks.check_log_softmax_nll does),
@@ -371,14 +407,22 @@ def test_classifier_fused(rng, n, hidden, classes):
     # that rounding through w: allow exactly that, no more. A wrong label or a
     # missing max-subtraction errs by O(1) or overflows.
     mag = checks.softmax_grad_magnitude(logits_ref.detach().numpy())
-    check(outs["dlogits"].array, logits_ref.grad, rounding_tolerance(logits_ref.grad, mag, 4, TOL),
-          "dlogits")
+    check(
+        outs["dlogits"].array,
+        logits_ref.grad,
+        rounding_tolerance(logits_ref.grad, mag, 4, TOL),
+        "dlogits",
+    )
     dh_mag = (mag @ np.abs(w.astype(np.float64))) * (h > 0)
     check(outs["dh"].array, dh_ref, rounding_tolerance(dh_ref, dh_mag, 4, TOL), "dh")
     mean = guarded(1, np.float32)
     fl.mean_reduce(outs["row_loss"].array, mean.array)
-    check(mean.array, loss.detach().reshape(1), rounding_tolerance(loss.detach(), lse, 4, TOL),
-          "mean loss")
+    check(
+        mean.array,
+        loss.detach().reshape(1),
+        rounding_tolerance(loss.detach(), lse, 4, TOL),
+        "mean loss",
+    )
 
 
 def check_classifier_extreme_rows(rng, classifier=fl.classifier_fused):
@@ -406,22 +450,31 @@ def check_classifier_extreme_rows(rng, classifier=fl.classifier_fused):
     logits_ref.retain_grad()
     F.cross_entropy(logits_ref, torch.from_numpy(labels).long()).backward()
     dh_ref = th.grad * torch.from_numpy(h > 0)
-    outs = {k: guarded(s, np.float32) for k, s in dict(
-        logits=(n, classes), row_loss=n, dlogits=(n, classes), dh=(n, hidden)).items()}
-    classifier(*(cuda.to_device(a) for a in (h, w, b, labels)),
-               *(outs[k].array for k in ("logits", "row_loss", "dlogits", "dh")))
+    outs = {
+        k: guarded(s, np.float32)
+        for k, s in dict(
+            logits=(n, classes), row_loss=n, dlogits=(n, classes), dh=(n, hidden)
+        ).items()
+    }
+    classifier(
+        *(cuda.to_device(a) for a in (h, w, b, labels)),
+        *(outs[k].array for k in ("logits", "row_loss", "dlogits", "dh")),
+    )
     check(outs["logits"].array, logits_ref.detach(), TOL, "logits (rows near +-800)")
-    row_ref = F.cross_entropy(logits_ref.detach(), torch.from_numpy(labels).long(),
-                              reduction="none")
-    check(outs["row_loss"].array, row_ref,
-          rounding_tolerance(row_ref, 800 + math.log(classes), 4, TOL),
-          "row loss (rows near +-800)")
+    row_ref = F.cross_entropy(
+        logits_ref.detach(), torch.from_numpy(labels).long(), reduction="none"
+    )
+    check(
+        outs["row_loss"].array,
+        row_ref,
+        rounding_tolerance(row_ref, 800 + math.log(classes), 4, TOL),
+        "row loss (rows near +-800)",
+    )
     grad_tol = checks.softmax_grad_tol(logits_ref.detach().numpy(), logits_ref.grad)
     check(outs["dlogits"].array, logits_ref.grad, grad_tol, "dlogits (rows near +-800)")
     # Unit 0's true gradient is 800 * sum(dlogits) of a row = 0, so float32 leaves
     # only 800 times dlogits' rounding there: check the other units.
-    check(outs["dh"].array.copy_to_host()[:, 1:], dh_ref[:, 1:], grad_tol,
-          "dh (rows near +-800)")
+    check(outs["dh"].array.copy_to_host()[:, 1:], dh_ref[:, 1:], grad_tol, "dh (rows near +-800)")
 
 
 def test_classifier_rows_past_exp_range(rng):
@@ -429,13 +482,16 @@ def test_classifier_rows_past_exp_range(rng):
 
 
 def test_classifier_check_catches_missing_max_subtraction(rng):
-    kernel = mutant(fl.classifier_fused_kernel, ("s += math.exp(z[r, k] - m)",
-                                                 "s += math.exp(z[r, k])"),
-                    ("v = m + math.log(s)", "v = math.log(s)"))
+    kernel = mutant(
+        fl.classifier_fused_kernel,
+        ("s += math.exp(z[r, k] - m)", "s += math.exp(z[r, k])"),
+        ("v = m + math.log(s)", "v = math.log(s)"),
+    )
 
     def broken(h, w, b, labels, *outs):
         kernel[ceil_div(h.shape[0], fl.CLS_ROWS), (fl.CLS_MAX_CLASSES, fl.CLS_ROWS)](
-            h, w, b, labels, *outs)
+            h, w, b, labels, *outs
+        )
 
     # A GPU returns inf (and the check fails); the simulator's math.exp and
     # math.log raise instead of returning inf and -inf.
@@ -444,12 +500,14 @@ def test_classifier_check_catches_missing_max_subtraction(rng):
 
 
 def test_classifier_check_catches_open_relu_mask(rng):
-    kernel = mutant(fl.classifier_fused_kernel,
-                    ("if h_rows[rr, k] > 0.0", "if h_rows[rr, k] >= 0.0"))
+    kernel = mutant(
+        fl.classifier_fused_kernel, ("if h_rows[rr, k] > 0.0", "if h_rows[rr, k] >= 0.0")
+    )
 
     def broken(h, w, b, labels, *outs):
         kernel[ceil_div(h.shape[0], fl.CLS_ROWS), (fl.CLS_MAX_CLASSES, fl.CLS_ROWS)](
-            h, w, b, labels, *outs)
+            h, w, b, labels, *outs
+        )
 
     with pytest.raises(CheckError, match="dh"):
         check_classifier_extreme_rows(rng, classifier=broken)

@@ -110,14 +110,17 @@ def test_graph_refused_in_simulator_without_backend():
         FastCNN(TINY, max_batch=2, graph=True)
 
 
-@pytest.mark.parametrize("x, y, match", [
-    (np.zeros((2, 1, 8, 8), np.float64), np.zeros(2, np.int32), "dtype float64"),
-    (np.zeros((2, 1, 8, 6), np.float32), np.zeros(2, np.int32), "shape"),
-    (np.zeros((3, 1, 8, 8), np.float32), np.zeros(3, np.int32), "max_batch=2"),
-    (np.zeros((2, 1, 8, 8), np.float32), np.zeros(2, np.int64), "dtype int64"),
-    (np.zeros((2, 1, 8, 8), np.float32), np.zeros(1, np.int32), "one label per image"),
-    (np.zeros((2, 1, 8, 8), np.float32)[:, :, :, ::-1], np.zeros(2, np.int32), "contiguous"),
-])
+@pytest.mark.parametrize(
+    "x, y, match",
+    [
+        (np.zeros((2, 1, 8, 8), np.float64), np.zeros(2, np.int32), "dtype float64"),
+        (np.zeros((2, 1, 8, 6), np.float32), np.zeros(2, np.int32), "shape"),
+        (np.zeros((3, 1, 8, 8), np.float32), np.zeros(3, np.int32), "max_batch=2"),
+        (np.zeros((2, 1, 8, 8), np.float32), np.zeros(2, np.int64), "dtype int64"),
+        (np.zeros((2, 1, 8, 8), np.float32), np.zeros(1, np.int32), "one label per image"),
+        (np.zeros((2, 1, 8, 8), np.float32)[:, :, :, ::-1], np.zeros(2, np.int32), "contiguous"),
+    ],
+)
 def test_fast_model_refuses_bad_batches(x, y, match):
     model = FastCNN(TINY, max_batch=2, graph=False)
     with pytest.raises(ValueError, match=match):

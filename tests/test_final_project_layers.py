@@ -33,13 +33,16 @@ from final_project.torch_twin import TorchCNN
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n, c_in, c_out, h, w, k, pad", [
-    (2, 3, 4, 8, 8, 3, 1),   # the network's shape, small
-    (1, 1, 2, 5, 7, 3, 1),   # batch 1, one input channel, odd sizes
-    (2, 2, 3, 6, 5, 5, 2),   # 5x5 kernel
-    (1, 3, 2, 5, 6, 3, 0),   # no padding: the output shrinks
-    (3, 2, 1, 1, 1, 3, 1),   # 1x1 image: only the kernel's centre sees data
-])
+@pytest.mark.parametrize(
+    "n, c_in, c_out, h, w, k, pad",
+    [
+        (2, 3, 4, 8, 8, 3, 1),  # the network's shape, small
+        (1, 1, 2, 5, 7, 3, 1),  # batch 1, one input channel, odd sizes
+        (2, 2, 3, 6, 5, 5, 2),  # 5x5 kernel
+        (1, 3, 2, 5, 6, 3, 0),  # no padding: the output shrinks
+        (3, 2, 1, 1, 1, 3, 1),  # 1x1 image: only the kernel's centre sees data
+    ],
+)
 def test_conv2d(rng, n, c_in, c_out, h, w, k, pad):
     checks.check_conv2d(rng, n, c_in, c_out, h, w, k, pad)
 
@@ -131,8 +134,7 @@ def maxpool2x2_backward_scatter(dout, argmax, dx):
 
 
 @cuda.jit
-def batchnorm_stats_biased_running_var(x, eps, momentum, mean, invstd, running_mean,
-                                       running_var):
+def batchnorm_stats_biased_running_var(x, eps, momentum, mean, invstd, running_mean, running_var):
     # Bug: updates the running variance with the biased variance (torch uses unbiased).
     c = cuda.grid(1)
     if c >= mean.size:
@@ -214,8 +216,11 @@ def test_maxpool_check_catches_unwritten_gradients(rng):
 def test_batchnorm_check_catches_biased_running_var(rng):
     def broken(x, gamma, beta, eps, momentum, mean, invstd, rm, rv, xhat, y):
         _launch(batchnorm_stats_biased_running_var, mean.size)(
-            x, eps, momentum, mean, invstd, rm, rv)
-        kernels.batchnorm_normalize_naive[kernels._grid(x.size)](x, mean, invstd, gamma, beta, xhat, y)
+            x, eps, momentum, mean, invstd, rm, rv
+        )
+        kernels.batchnorm_normalize_naive[kernels._grid(x.size)](
+            x, mean, invstd, gamma, beta, xhat, y
+        )
 
     with pytest.raises(CheckError, match="running var"):
         checks.check_batchnorm(rng, 2, 2, 3, 3, forward_train=broken)
@@ -225,7 +230,8 @@ def test_batchnorm_check_catches_missing_mean_terms(rng):
     def broken(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
         kernels.batchnorm_backward_reduce_naive[kernels._grid(dgamma.size)](dy, xhat, dgamma, dbeta)
         _launch(batchnorm_backward_dx_no_mean_terms, dx.size)(
-            dy, xhat, gamma, invstd, dgamma, dbeta, dx)
+            dy, xhat, gamma, invstd, dgamma, dbeta, dx
+        )
 
     with pytest.raises(CheckError, match="batchnorm grad input"):
         checks.check_batchnorm(rng, 2, 2, 3, 3, backward=broken)
@@ -260,7 +266,9 @@ def _launcher(kernel):
     return lambda *args: kernel[kernels._grid(args[-1].size)](*args)
 
 
-def check_maxpool_ties(rng, forward=kernels.maxpool2x2_forward, backward=kernels.maxpool2x2_backward):
+def check_maxpool_ties(
+    rng, forward=kernels.maxpool2x2_forward, backward=kernels.maxpool2x2_backward
+):
     """Max-pool on integer-valued data (most windows hold tied maxima, one
     window four equal values): torch keeps the first maximum in row-major order
     and routes the whole gradient to it; so must we."""
@@ -274,8 +282,11 @@ def check_maxpool_ties(rng, forward=kernels.maxpool2x2_forward, backward=kernels
     out, arg = guarded(tuple(ref.shape), np.float32), guarded(tuple(ref.shape), np.int32)
     forward(cuda.to_device(x), out.array, arg.array)
     check(out.array, ref.detach(), checks.TOL, "maxpool forward (ties)")
-    check(arg.array.copy_to_host() % (h * w), idx.numpy().astype(np.int32),
-          name="maxpool argmax (ties: the first maximum wins)")
+    check(
+        arg.array.copy_to_host() % (h * w),
+        idx.numpy().astype(np.int32),
+        name="maxpool argmax (ties: the first maximum wins)",
+    )
     dx = guarded(x.shape, np.float32)
     backward(cuda.to_device(dy), arg.array, dx.array)
     check(dx.array, tx.grad, checks.TOL, "maxpool backward (ties)")
@@ -327,17 +338,34 @@ def check_log_softmax_extreme_rows(rng, forward=kernels.log_softmax_nll_forward)
     forward(l_, y_, logprobs.array, rows.array, loss.array)
     # A float32 log-sum-exp near 800 is off by a few eps32 * 800 (softmax_grad_tol).
     lse = 800 + math.log(classes)
-    check(logprobs.array, ref_lp, rounding_tolerance(ref_lp, lse, 4, checks.TOL),
-          "logprobs (rows near +-800)")
-    check(loss.array, ref.detach().reshape(1), rounding_tolerance(ref.detach(), lse, 4, checks.TOL),
-          "nll loss (rows near +-800)")
+    check(
+        logprobs.array,
+        ref_lp,
+        rounding_tolerance(ref_lp, lse, 4, checks.TOL),
+        "logprobs (rows near +-800)",
+    )
+    check(
+        loss.array,
+        ref.detach().reshape(1),
+        rounding_tolerance(ref.detach(), lse, 4, checks.TOL),
+        "nll loss (rows near +-800)",
+    )
     d = guarded((n, classes), np.float32)
     kernels.log_softmax_nll_backward(logprobs.array, y_, d.array)
-    check(d.array, tl.grad, checks.softmax_grad_tol(logits, tl.grad), "nll grad logits (rows near +-800)")
+    check(
+        d.array,
+        tl.grad,
+        checks.softmax_grad_tol(logits, tl.grad),
+        "nll grad logits (rows near +-800)",
+    )
 
 
-def check_batchnorm_tiny_variance(rng, forward_train=kernels.batchnorm_forward_train,
-                                  forward_eval=kernels.batchnorm_forward_eval, eps=1e-5):
+def check_batchnorm_tiny_variance(
+    rng,
+    forward_train=kernels.batchnorm_forward_train,
+    forward_eval=kernels.batchnorm_forward_eval,
+    eps=1e-5,
+):
     """Batchnorm where eps matters: channel 0's batch variance is ~1e-6 (std
     1e-3, mean ~0, so no cancellation) and two running variances are 1e-7, all
     below eps = 1e-5. Forgetting eps scales the output by sqrt(1 + eps/var),
@@ -350,19 +378,24 @@ def check_batchnorm_tiny_variance(rng, forward_train=kernels.batchnorm_forward_t
     rm = random_array(c, np.float32, rng)
     rv = random_array(c, np.float32, rng, 0.5, 2.0)
     rv[[0, 2]] = 1e-7
-    tx, tg, tb, trm, trv = (torch.from_numpy(a.astype(np.float64))
-                            for a in (x, gamma, beta, rm, rv))
-    ref = F.batch_norm(tx, trm.clone(), trv.clone(), tg, tb, training=True, momentum=0.1,
-                       eps=eps)
+    tx, tg, tb, trm, trv = (
+        torch.from_numpy(a.astype(np.float64)) for a in (x, gamma, beta, rm, rv)
+    )
+    ref = F.batch_norm(tx, trm.clone(), trv.clone(), tg, tb, training=True, momentum=0.1, eps=eps)
     x_, g_, b_ = (cuda.to_device(a) for a in (x, gamma, beta))
     rm_, rv_ = cuda.to_device(rm), cuda.to_device(rv)
     stats = [guarded(c, np.float32) for _ in range(2)]
     xhat, y = guarded(x.shape, np.float32), guarded(x.shape, np.float32)
-    forward_train(x_, g_, b_, eps, 0.1, stats[0].array, stats[1].array, rm_, rv_, xhat.array,
-                  y.array)
+    forward_train(
+        x_, g_, b_, eps, 0.1, stats[0].array, stats[1].array, rm_, rv_, xhat.array, y.array
+    )
     check(y.array, ref, checks.TOL, "batchnorm forward (batch variance below eps)")
-    check(stats[1].array, 1 / torch.sqrt(tx.var((0, 2, 3), unbiased=False) + eps), checks.TOL,
-          "batchnorm invstd (batch variance below eps)")
+    check(
+        stats[1].array,
+        1 / torch.sqrt(tx.var((0, 2, 3), unbiased=False) + eps),
+        checks.TOL,
+        "batchnorm invstd (batch variance below eps)",
+    )
     ref_eval = F.batch_norm(tx, trm, trv, tg, tb, training=False, eps=eps)
     y_eval = guarded(x.shape, np.float32)
     forward_eval(x_, g_, b_, cuda.to_device(rm), cuda.to_device(rv), eps, y_eval.array)
@@ -385,8 +418,12 @@ def test_argmax_rows_ties_first_wins(rng):
 
 
 def test_argmax_ties_check_catches_last_maximum(rng):
-    broken = _launcher(mutant(kernels.argmax_rows_naive, ("if logits[n, c] > logits[n, best]:",
-                                                "if logits[n, c] >= logits[n, best]:")))
+    broken = _launcher(
+        mutant(
+            kernels.argmax_rows_naive,
+            ("if logits[n, c] > logits[n, best]:", "if logits[n, c] >= logits[n, best]:"),
+        )
+    )
     with pytest.raises(CheckError, match="argmax"):
         check_argmax_ties(rng, argmax=broken)
 
@@ -407,9 +444,11 @@ def test_log_softmax_rows_past_exp_range(rng):
 
 
 def test_extreme_rows_check_catches_missing_max_subtraction(rng):
-    kernel = mutant(kernels.log_softmax_nll_forward_naive,
-                    ("s += math.exp(logits[n, c] - m)", "s += math.exp(logits[n, c])"),
-                    ("lse = m + math.log(s)", "lse = math.log(s)"))
+    kernel = mutant(
+        kernels.log_softmax_nll_forward_naive,
+        ("s += math.exp(logits[n, c] - m)", "s += math.exp(logits[n, c])"),
+        ("lse = m + math.log(s)", "lse = math.log(s)"),
+    )
 
     def broken(logits, labels, logprobs, rows, loss):
         kernel[kernels._grid(logits.shape[0])](logits, labels, logprobs, rows)
@@ -430,18 +469,26 @@ def test_tiny_variance_check_catches_missing_eps_in_training(rng):
 
     def broken(x, gamma, beta, eps, momentum, mean, invstd, rm, rv, xhat, y):
         stats[kernels._grid(mean.size)](x, eps, momentum, mean, invstd, rm, rv)
-        kernels.batchnorm_normalize_naive[kernels._grid(x.size)](x, mean, invstd, gamma, beta, xhat, y)
+        kernels.batchnorm_normalize_naive[kernels._grid(x.size)](
+            x, mean, invstd, gamma, beta, xhat, y
+        )
 
     with pytest.raises(CheckError, match="batch variance below eps"):
         check_batchnorm_tiny_variance(rng, forward_train=broken)
 
 
 def test_tiny_variance_check_catches_missing_eps_in_eval(rng):
-    kernel = mutant(kernels.batchnorm_eval_naive, ("math.sqrt(running_var[c] + eps)",
-                                             "math.sqrt(running_var[c])"))
+    kernel = mutant(
+        kernels.batchnorm_eval_naive,
+        ("math.sqrt(running_var[c] + eps)", "math.sqrt(running_var[c])"),
+    )
     with pytest.raises(CheckError, match="running variance below eps"):
-        check_batchnorm_tiny_variance(rng, forward_eval=lambda x, g, b, rm, rv, eps, y:
-                                      kernel[kernels._grid(x.size)](x, rm, rv, g, b, eps, y))
+        check_batchnorm_tiny_variance(
+            rng,
+            forward_eval=lambda x, g, b, rm, rv, eps, y: kernel[kernels._grid(x.size)](
+                x, rm, rv, g, b, eps, y
+            ),
+        )
 
 
 # ---------------------------------------------------------------------------
@@ -457,16 +504,23 @@ def _leaf(a):
 
 @pytest.mark.parametrize("k, pad, h, w", [(3, 1, 5, 7), (5, 2, 6, 6), (3, 0, 4, 5)])
 def test_reference_conv2d(rng, k, pad, h, w):
-    x, wt, b = rng.standard_normal((2, 3, h, w)), rng.standard_normal((4, 3, k, k)), \
-        rng.standard_normal(4)
+    x, wt, b = (
+        rng.standard_normal((2, 3, h, w)),
+        rng.standard_normal((4, 3, k, k)),
+        rng.standard_normal(4),
+    )
     out, cache = reference.conv2d_forward(x, wt, b, pad)
     tx, tw, tb = _leaf(x), _leaf(wt), _leaf(b)
     ref = F.conv2d(tx, tw, tb, padding=pad)
     dout = rng.standard_normal(out.shape)
     ref.backward(torch.from_numpy(dout))
     dx, dw, db = reference.conv2d_backward(dout, cache)
-    for got, want, name in ((out, ref.detach(), "out"), (dx, tx.grad, "dx"),
-                            (dw, tw.grad, "dw"), (db, tb.grad, "db")):
+    for got, want, name in (
+        (out, ref.detach(), "out"),
+        (dx, tx.grad, "dx"),
+        (dw, tw.grad, "dw"),
+        (db, tb.grad, "db"),
+    ):
         check(got, want, REF_TOL, f"reference conv2d {name}")
 
 
@@ -481,14 +535,30 @@ def test_reference_batchnorm(rng):
     dy = rng.standard_normal(x.shape)
     ref.backward(torch.from_numpy(dy))
     dx, dg, db = reference.batchnorm_backward(dy, cache)
-    for got, want, name in ((y, ref.detach(), "y"), (nm, trm, "running mean"),
-                            (nv, trv, "running var"), (dx, tx.grad, "dx"),
-                            (dg, tg.grad, "dgamma"), (db, tb.grad, "dbeta")):
+    for got, want, name in (
+        (y, ref.detach(), "y"),
+        (nm, trm, "running mean"),
+        (nv, trv, "running var"),
+        (dx, tx.grad, "dx"),
+        (dg, tg.grad, "dgamma"),
+        (db, tb.grad, "dbeta"),
+    ):
         check(got, want, REF_TOL, f"reference batchnorm {name}")
     ev = reference.batchnorm_forward_eval(x, g, b, rm, rv, 1e-5)
-    check(ev, F.batch_norm(torch.tensor(x), torch.tensor(rm), torch.tensor(rv),
-                           torch.tensor(g), torch.tensor(b), training=False, eps=1e-5),
-          REF_TOL, "reference batchnorm eval")
+    check(
+        ev,
+        F.batch_norm(
+            torch.tensor(x),
+            torch.tensor(rm),
+            torch.tensor(rv),
+            torch.tensor(g),
+            torch.tensor(b),
+            training=False,
+            eps=1e-5,
+        ),
+        REF_TOL,
+        "reference batchnorm eval",
+    )
 
 
 @pytest.mark.parametrize("h, w", [(4, 6), (5, 7)])
@@ -500,7 +570,9 @@ def test_reference_maxpool_relu_linear_loss(rng, h, w):
     dout = rng.standard_normal(out.shape)
     ref.backward(torch.from_numpy(dout))
     check(out, ref.detach(), REF_TOL, "reference maxpool")
-    check(reference.maxpool2x2_backward(dout, cache), tx.grad, REF_TOL, "reference maxpool backward")
+    check(
+        reference.maxpool2x2_backward(dout, cache), tx.grad, REF_TOL, "reference maxpool backward"
+    )
 
     r, rc = reference.relu_forward(x)
     check(r, F.relu(torch.tensor(x)), REF_TOL, "reference relu")
@@ -513,8 +585,9 @@ def test_reference_maxpool_relu_linear_loss(rng, h, w):
     ref.backward(torch.from_numpy(dy))
     y, lc = reference.linear_forward(a, wt, b)
     check(y, ref.detach(), REF_TOL, "reference linear")
-    for got, want, name in zip(reference.linear_backward(dy, lc), (ta.grad, tw.grad, tb.grad),
-                               ("dx", "dw", "db")):
+    for got, want, name in zip(
+        reference.linear_backward(dy, lc), (ta.grad, tw.grad, tb.grad), ("dx", "dw", "db")
+    ):
         check(got, want, REF_TOL, f"reference linear {name}")
 
     logits, labels = rng.standard_normal((5, 4)) * 10, rng.integers(0, 4, 5)
@@ -541,6 +614,8 @@ def test_reference_train_step_matches_twin(rng):
     tstate = twin.state_dict()
     for name, value in {**new_params, **new_buffers}.items():
         check(value, tstate[name], REF_TOL, f"reference step {name}")
-    logits, _, _ = reference.reference_forward({**new_params, **new_buffers}, x, cfg, training=False)
+    logits, _, _ = reference.reference_forward(
+        {**new_params, **new_buffers}, x, cfg, training=False
+    )
     with torch.no_grad():
         check(logits, twin.eval()(torch.from_numpy(x)), REF_TOL, "reference eval forward")

@@ -46,11 +46,13 @@ def test_partial_batch_after_full_batch(rng):
 
 def _structured_batch(config, n, rng):
     """A learnable task: each class is a fixed random template plus noise."""
-    templates = rng.standard_normal((config.num_classes, config.in_channels,
-                                     config.height, config.width))
+    templates = rng.standard_normal(
+        (config.num_classes, config.in_channels, config.height, config.width)
+    )
     y = np.arange(n) % config.num_classes
-    x = templates[y] + 0.5 * rng.standard_normal((n, config.in_channels,
-                                                  config.height, config.width))
+    x = templates[y] + 0.5 * rng.standard_normal(
+        (n, config.in_channels, config.height, config.width)
+    )
     return x.astype(np.float32), y.astype(np.int32)
 
 
@@ -100,17 +102,21 @@ def test_state_dict_round_trip_and_twin_load(rng):
     for k, v in other.state_dict().items():
         np.testing.assert_array_equal(v, state[k], err_msg=k)
     # torch accepts it strictly (same names, shapes, and num_batches_tracked)
-    TorchCNN(SMALL).load_state_dict({k: torch.from_numpy(np.asarray(v))
-                                     for k, v in state.items()}, strict=True)
+    TorchCNN(SMALL).load_state_dict(
+        {k: torch.from_numpy(np.asarray(v)) for k, v in state.items()}, strict=True
+    )
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda s: s.pop("fc1.bias"), "missing"),
-    (lambda s: s.__setitem__("fc3.weight", np.zeros(3, np.float32)), "unknown"),
-    (lambda s: s.__setitem__("conv1.weight", np.zeros((3, 1, 5, 5), np.float32)), "shape"),
-    (lambda s: s.__setitem__("fc2.bias", np.zeros(5, np.int32)), "dtype"),
-    (lambda s: s["bn1.weight"].__setitem__(0, np.nan), "NaN"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda s: s.pop("fc1.bias"), "missing"),
+        (lambda s: s.__setitem__("fc3.weight", np.zeros(3, np.float32)), "unknown"),
+        (lambda s: s.__setitem__("conv1.weight", np.zeros((3, 1, 5, 5), np.float32)), "shape"),
+        (lambda s: s.__setitem__("fc2.bias", np.zeros(5, np.int32)), "dtype"),
+        (lambda s: s["bn1.weight"].__setitem__(0, np.nan), "NaN"),
+    ],
+)
 def test_load_state_dict_errors(mutate, match):
     model = NumbaCNN(SMALL, max_batch=1)
     state = model.state_dict()
@@ -141,8 +147,10 @@ def test_validate_batch_errors(rng):
         ((cuda.to_device(x.astype(np.float64)), y_), "float32"),
         ((cuda.to_device(x[:, 0]), y_), "shape"),
         ((cuda.to_device(np.zeros((2, 1, 8, 4), np.float32)), y_), "shape"),
-        ((cuda.to_device(np.concatenate([x, x])), cuda.to_device(np.concatenate([y, y]))),
-         "max_batch"),
+        (
+            (cuda.to_device(np.concatenate([x, x])), cuda.to_device(np.concatenate([y, y]))),
+            "max_batch",
+        ),
         ((x_, cuda.to_device(y.astype(np.int64))), "int32"),
         ((x_, cuda.to_device(y[:1])), "one label per image"),
     ]

@@ -94,20 +94,52 @@ def test_float32_pure_kernel_has_no_float64_uses():
     assert float64_uses(pure, (numba.float32, F32_1D, F32_1D)) == []
 
 
-@pytest.mark.parametrize("kernel, argtypes, source, message", [
-    (bare_literal, (F32_1D, F32_1D), "out[i] = x[i] * 2.0",
-     "the literal 2.0 is a float64; write np.float32(2.0)"),
-    (acc_float64, (F32_1D, F32_1D), "acc = 0.0", "makes acc float64; write acc = np.float32(0.0)"),
-    (scalar_argument, (1.5, F32_1D, F32_1D), "@cuda.jit", "argument alpha is float64"),
-    (int_mixed, (F32_1D, F32_1D), "out[i] = x[i] + i", "an integer mixed with a float32"),
-    (int_division, (F32_1D, F32_1D), "out[i] = x[i] * np.float32(i / out.size)",
-     "divides integers"),
-    (literal_comparison, (F32_1D, F32_1D), "out[i] = x[i] if x[i] > 0.5 else np.float32(0)",
-     "the literal 0.5 is a float64"),
-    (calls_promoting_device_function, (F32_1D, F32_1D), "return v * 0.5",
-     "(in device function half_of)"),
-], ids=["bare-literal", "acc-0.0", "python-float-argument", "int-mixed", "int-division",
-        "literal-comparison", "device-function"])
+@pytest.mark.parametrize(
+    "kernel, argtypes, source, message",
+    [
+        (
+            bare_literal,
+            (F32_1D, F32_1D),
+            "out[i] = x[i] * 2.0",
+            "the literal 2.0 is a float64; write np.float32(2.0)",
+        ),
+        (
+            acc_float64,
+            (F32_1D, F32_1D),
+            "acc = 0.0",
+            "makes acc float64; write acc = np.float32(0.0)",
+        ),
+        (scalar_argument, (1.5, F32_1D, F32_1D), "@cuda.jit", "argument alpha is float64"),
+        (int_mixed, (F32_1D, F32_1D), "out[i] = x[i] + i", "an integer mixed with a float32"),
+        (
+            int_division,
+            (F32_1D, F32_1D),
+            "out[i] = x[i] * np.float32(i / out.size)",
+            "divides integers",
+        ),
+        (
+            literal_comparison,
+            (F32_1D, F32_1D),
+            "out[i] = x[i] if x[i] > 0.5 else np.float32(0)",
+            "the literal 0.5 is a float64",
+        ),
+        (
+            calls_promoting_device_function,
+            (F32_1D, F32_1D),
+            "return v * 0.5",
+            "(in device function half_of)",
+        ),
+    ],
+    ids=[
+        "bare-literal",
+        "acc-0.0",
+        "python-float-argument",
+        "int-mixed",
+        "int-division",
+        "literal-comparison",
+        "device-function",
+    ],
+)
 def test_each_promotion_is_named_by_its_line(kernel, argtypes, source, message):
     uses = float64_uses(kernel, argtypes)
     assert uses, f"{kernel.__name__}: no float64 found"

@@ -21,10 +21,17 @@ from packaging.requirements import Requirement
 # module -> attributes the patches read or replace (numba-cuda 0.30.x)
 SIMULATOR_INTERNALS = {
     "numba.cuda.simulator.kernel": [
-        "FakeCUDAKernel", "BlockManager", "BlockThread", "_kernel_context",
+        "FakeCUDAKernel",
+        "BlockManager",
+        "BlockThread",
+        "_kernel_context",
     ],
     "numba.cuda.simulator.kernelapi": [
-        "FakeCUDAShared", "FakeCUDALocal", "FakeCUDAAtomic", "FakeCUDAModule", "Dim3",
+        "FakeCUDAShared",
+        "FakeCUDALocal",
+        "FakeCUDAAtomic",
+        "FakeCUDAModule",
+        "Dim3",
         "_swap_refcount",
     ],
     "numba.cuda.simulator.cudadrv.devicearray": ["FakeCUDAArray", "FakeWithinKernelCUDAArray"],
@@ -38,8 +45,20 @@ SIMULATOR_METHODS = {
     ("numba.cuda.simulator.kernelapi", "FakeCUDALocal"): ["array"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAModule"): ["threadfence"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic"): [
-        "add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min", "nanmax",
-        "nanmin", "compare_and_swap", "cas",
+        "add",
+        "sub",
+        "and_",
+        "or_",
+        "xor",
+        "inc",
+        "dec",
+        "exch",
+        "max",
+        "min",
+        "nanmax",
+        "nanmin",
+        "compare_and_swap",
+        "cas",
     ],
 }
 

@@ -52,7 +52,7 @@ def triple(x):
 '''
 
 # Two checks for 98.1 (one named after no exercise), one check for 98.2 and 98.3 together.
-TESTS = '''\
+TESTS = """\
 import pytest
 
 from common.internal.exercises import implementations
@@ -75,7 +75,7 @@ def test_refuses_strings(impl):
 def test_pair(impl):
     assert impl.double(3) == 6
     assert impl.triple(3) == 9
-'''
+"""
 
 
 @pytest.fixture
@@ -110,7 +110,9 @@ def _progress(capsys, *chapters):
 
 
 def _line(out, number):
-    lines = [line for line in out.splitlines() if re.match(rf"\s+\S.*?\s{re.escape(number)} ", line)]
+    lines = [
+        line for line in out.splitlines() if re.match(rf"\s+\S.*?\s{re.escape(number)} ", line)
+    ]
     assert len(lines) == 1, f"exercise {number} listed {len(lines)} times in:\n{out}"
     return lines[0]
 
@@ -119,8 +121,11 @@ def test_lists_exercises_by_number_and_name(course, capsys):
     course("98_demo")
     rc, out = _progress(capsys, "98")
     assert rc == 0, out
-    assert re.search(r"not attempted\s+98\.1 add_one: exercises\.py:3 raises NotImplementedError: "
-                     r"replace that line with your code", out), out
+    assert re.search(
+        r"not attempted\s+98\.1 add_one: exercises\.py:3 raises NotImplementedError: "
+        r"replace that line with your code",
+        out,
+    ), out
     assert "98.2 double" in _line(out, "98.2") and "98.3 triple" in _line(out, "98.3")
     # Test names are not exercises: three exercises, whatever the number of tests.
     assert "refuses_strings" not in out and " pair" not in out
@@ -128,8 +133,10 @@ def test_lists_exercises_by_number_and_name(course, capsys):
 
 
 def test_an_exercise_passes_only_if_every_check_of_it_passes(course, capsys):
-    course("98_demo", STUBS.replace(
-        'raise NotImplementedError("Exercise 98.1: add_one")', "return int(x) + 1"))
+    course(
+        "98_demo",
+        STUBS.replace('raise NotImplementedError("Exercise 98.1: add_one")', "return int(x) + 1"),
+    )
     rc, out = _progress(capsys, "98")
     assert rc == 1, out
     line = _line(out, "98.1")
@@ -153,7 +160,9 @@ def test_a_check_failing_after_the_call_fails_the_exercise(course, capsys):
     # A fixture that fails in teardown (as a race detector does) fails the exercise.
     course("98_demo", SOLUTIONS)
     tests = progress.TESTS_DIR / "test_ch98_demo.py"
-    tests.write_text(tests.read_text() + textwrap.dedent('''
+    tests.write_text(
+        tests.read_text()
+        + textwrap.dedent("""
 
         @pytest.fixture
         def strict():
@@ -164,7 +173,8 @@ def test_a_check_failing_after_the_call_fails_the_exercise(course, capsys):
         @pytest.mark.parametrize("impl", implementations(CHAPTER))
         def test_add_one_strictly(impl, strict):
             assert impl.add_one(2) == 3
-        '''))
+        """)
+    )
     rc, out = _progress(capsys, "98")
     assert rc == 1, out
     assert _line(out, "98.1").split()[0] == "FAIL" and "two threads wrote out[3]" in out
@@ -172,8 +182,10 @@ def test_a_check_failing_after_the_call_fails_the_exercise(course, capsys):
 
 
 def test_an_exercise_checked_with_an_unwritten_one_is_pending(course, capsys):
-    course("98_demo", STUBS.replace(
-        'raise NotImplementedError("Exercise 98.2: double")', "return 2 * x"))
+    course(
+        "98_demo",
+        STUBS.replace('raise NotImplementedError("Exercise 98.2: double")', "return 2 * x"),
+    )
     rc, out = _progress(capsys, "98")
     assert rc == 0, out
     assert "pending        98.2 double: checked together with 98.3, not attempted yet" in out
@@ -183,22 +195,30 @@ def test_an_exercise_checked_with_an_unwritten_one_is_pending(course, capsys):
 def test_names_the_raise_left_in_a_written_function(course, capsys):
     written = STUBS.replace(
         '    raise NotImplementedError("Exercise 98.3: triple")',
-        '    y = 3 * x\n    raise NotImplementedError("Exercise 98.3: triple")\n    return y')
+        '    y = 3 * x\n    raise NotImplementedError("Exercise 98.3: triple")\n    return y',
+    )
     folder = course("98_demo", written)
-    line_no = folder.joinpath("exercises.py").read_text().splitlines().index(
-        '    raise NotImplementedError("Exercise 98.3: triple")') + 1
+    line_no = (
+        folder.joinpath("exercises.py")
+        .read_text()
+        .splitlines()
+        .index('    raise NotImplementedError("Exercise 98.3: triple")')
+        + 1
+    )
     rc, out = _progress(capsys, "98")
-    assert (f"exercises.py:{line_no} still raises NotImplementedError: delete that line once "
-            "your code is written") in _line(out, "98.3"), out
+    assert (
+        f"exercises.py:{line_no} still raises NotImplementedError: delete that line once "
+        "your code is written"
+    ) in _line(out, "98.3"), out
 
 
-def test_an_untouched_stub_with_template_code_after_its_raise_is_not_called_written(
-        course, capsys):
+def test_an_untouched_stub_with_template_code_after_its_raise_is_not_called_written(course, capsys):
     # A launcher stub can carry template code below its raise (a launch to complete):
     # that is the stub's, not the learner's, so the hint is "replace", not "delete".
     template = STUBS.replace(
         '    raise NotImplementedError("Exercise 98.3: triple")',
-        '    raise NotImplementedError("Exercise 98.3: triple")\n    y = 3 * x\n    return y')
+        '    raise NotImplementedError("Exercise 98.3: triple")\n    y = 3 * x\n    return y',
+    )
     course("98_demo", template)
     rc, out = _progress(capsys, "98")
     assert "raises NotImplementedError: replace that line with your code" in _line(out, "98.3"), out
@@ -206,10 +226,14 @@ def test_an_untouched_stub_with_template_code_after_its_raise_is_not_called_writ
 
 def test_a_syntax_error_is_reported_and_other_chapters_still_run(course, capsys):
     course("98_demo", SOLUTIONS)
-    course("97_demo", STUBS.replace('raise NotImplementedError("Exercise 98.2: double")', "return 2 *"))
+    course(
+        "97_demo", STUBS.replace('raise NotImplementedError("Exercise 98.2: double")', "return 2 *")
+    )
     rc, out = _progress(capsys)
     assert rc == 1, out
-    assert re.search(r"chapters/97_demo/exercises\.py:8: SyntaxError: .*\n\s+return 2 \*\n", out), out
+    assert re.search(r"chapters/97_demo/exercises\.py:8: SyntaxError: .*\n\s+return 2 \*\n", out), (
+        out
+    )
     for number in ("97.1", "97.2", "97.3"):
         assert _line(out, number).split()[:2] == ["not", "checked"], out
     assert "3 of 6 exercises pass" in out  # chapter 98 is checked as usual
@@ -229,8 +253,9 @@ def test_pytest_collects_every_chapter_when_one_exercises_file_is_broken(course,
                 self.by_id[report.nodeid.split("/")[-1]] = (report.outcome, str(report.longrepr))
 
     seen = Outcomes()
-    pytest.main([str(tmp_path / "tests"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
-                plugins=[seen])
+    pytest.main(
+        [str(tmp_path / "tests"), "-q", "-p", "no:cacheprovider", "-p", "no:xdist"], plugins=[seen]
+    )
     results = seen.by_id
     assert results["test_ch98_demo.py::test_add_one[learner]"][0] == "passed"
     assert results["test_ch97_demo.py::test_add_one[solution]"][0] == "passed"
@@ -241,9 +266,12 @@ def test_pytest_collects_every_chapter_when_one_exercises_file_is_broken(course,
 
 
 def test_not_implemented_error_from_elsewhere_is_a_failure(course):
-    folder = course("98_demo", "from common.internal.exercises import import_sibling\n"
-                               "lib = import_sibling(__file__, 'lib')\n\n\n"
-                               "def add_one(x):\n    return lib.add(x, 1)\n")
+    folder = course(
+        "98_demo",
+        "from common.internal.exercises import import_sibling\n"
+        "lib = import_sibling(__file__, 'lib')\n\n\n"
+        "def add_one(x):\n    return lib.add(x, 1)\n",
+    )
     (folder / "lib.py").write_text("def add(x, y):\n    raise NotImplementedError('no add here')\n")
     impl = Implementation("98_demo", "exercises")
     with pytest.raises(NotImplementedError, match="no add here"):
@@ -252,7 +280,9 @@ def test_not_implemented_error_from_elsewhere_is_a_failure(course):
 
 def test_skip_message_names_the_line_of_the_raise(course):
     course("98_demo")
-    with pytest.raises(pytest.skip.Exception, match=r"not attempted yet: .*exercises\.py:13 raises"):
+    with pytest.raises(
+        pytest.skip.Exception, match=r"not attempted yet: .*exercises\.py:13 raises"
+    ):
         Implementation("98_demo", "exercises").triple(1)
 
 
@@ -261,13 +291,23 @@ def test_exercise_numbers_come_from_docstrings_even_of_a_broken_file(course):
     (exercises.CHAPTERS_DIR / "98_demo" / "solutions.py").unlink()
     numbers = exercises.exercise_numbers("98_demo")
     assert numbers == {"add_one": "98.1", "double": "98.2", "triple": "98.3"}
-    assert sorted(["6.10", "6.2", "3.1b", "3.1a"], key=exercises.number_key) == ["3.1a", "3.1b", "6.2", "6.10"]
+    assert sorted(["6.10", "6.2", "3.1b", "3.1a"], key=exercises.number_key) == [
+        "3.1a",
+        "3.1b",
+        "6.2",
+        "6.10",
+    ]
 
 
 def test_progress_on_the_real_course_lists_exercises_by_number():
     # Whatever the state of the learner's chapter 1: every exercise once, by number.
-    out = subprocess.run([sys.executable, "-m", "common.progress", "1"], capture_output=True,
-                         text=True, cwd=REPO_ROOT, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "common.progress", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     for name, number in exercises.exercise_numbers("01_ecosystem").items():
         assert _line(out.stdout, number).split(f"{number} ")[1].startswith(name), out.stdout
     assert re.search(r"\d+ of 3 exercises pass", out.stdout), out.stdout + out.stderr
@@ -275,6 +315,10 @@ def test_progress_on_the_real_course_lists_exercises_by_number():
 
 
 def test_progress_rejects_unknown_chapter():
-    out = subprocess.run([sys.executable, "-m", "common.progress", "99"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "common.progress", "99"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     assert out.returncode != 0 and "chapter" in (out.stdout + out.stderr)

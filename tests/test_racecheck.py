@@ -31,7 +31,8 @@ from numba import cuda, float32, int32
 pytestmark = pytest.mark.skipif(
     not is_simulator() or not racecheck.ENABLED,
     reason="the race detector runs in the simulator (on a GPU: compute-sanitizer "
-           "--tool racecheck, chapter 06's notes)")
+    "--tool racecheck, chapter 06's notes)",
+)
 
 # Every run must report the race: detection may not depend on luck. The suite runs
 # each racy kernel RUNS times; COURSE_RACE_RUNS=20 makes it twenty.
@@ -104,57 +105,112 @@ def _ch08_tiled_without_sync():
 RACY = {
     "ch05 count_above: counter[0] += 1": (
         lambda: ch05._count_above_plain_increment[2, 32](
-            _floats(64), np.float32(-10.0), _zeros(1, dtype=np.int32)),
-        "_count_above_plain_increment", "counter[0]", "global"),
+            _floats(64), np.float32(-10.0), _zeros(1, dtype=np.int32)
+        ),
+        "_count_above_plain_increment",
+        "counter[0]",
+        "global",
+    ),
     "ch06 shift_left: no barrier after the load": (
         lambda: ch06.shift_left_no_barrier[1, B](_floats(B + 1), _zeros(B)),
-        "shift_left_no_barrier", "tile[", "shared"),
+        "shift_left_no_barrier",
+        "tile[",
+        "shared",
+    ),
     "ch06 block_sums: no barrier between tree levels": (
         lambda: ch06.block_sums_no_barrier[1, B](_floats(B), _zeros(1)),
-        "block_sums_no_barrier", "s[", "shared"),
+        "block_sums_no_barrier",
+        "s[",
+        "shared",
+    ),
     "ch06 dot: out[0] += from every block": (
         lambda: ch06.dot_plain_add[3, B](_floats(3 * B), _floats(3 * B, seed=1), _zeros(1)),
-        "dot_plain_add", "out[0]", "global"),
+        "dot_plain_add",
+        "out[0]",
+        "global",
+    ),
     "reduction-style dot: no barrier after the shared store": (
         lambda: dot_no_load_barrier[2, B](_floats(2 * B), _floats(2 * B, seed=1), _zeros(1)),
-        "dot_no_load_barrier", "s[", "shared"),
+        "dot_no_load_barrier",
+        "s[",
+        "shared",
+    ),
     "softmax-style row max: shared array reused without a barrier": (
         lambda: softmax_row_max_no_barrier[2, B](_floats(2, B), _zeros(2, B)),
-        "softmax_row_max_no_barrier", "s[0]", "shared"),
+        "softmax_row_max_no_barrier",
+        "s[0]",
+        "shared",
+    ),
     "ch06 argmax: no barriers": (
         lambda: ch06.argmax_no_barrier[1, B](_floats(B), _zeros(1), _zeros(1, dtype=np.int32)),
-        "argmax_no_barrier", "s", "shared"),
+        "argmax_no_barrier",
+        "s",
+        "shared",
+    ),
     "ch06 transpose: no barrier between store and load": (
         lambda: ch06.transpose_no_barrier[(1, 1), (ch06.TILE, ch06.ROWS)](
-            _floats(ch06.TILE, ch06.TILE), _zeros(ch06.TILE, ch06.TILE)),
-        "transpose_no_barrier", "tile[", "shared"),
+            _floats(ch06.TILE, ch06.TILE), _zeros(ch06.TILE, ch06.TILE)
+        ),
+        "transpose_no_barrier",
+        "tile[",
+        "shared",
+    ),
     "ch06 histogram: bins[x[i]] += 1": (
-        lambda: ch06.histogram_plain_add[1, B](_ints(B, ch06.NBINS), _zeros(ch06.NBINS, dtype=np.int32)),
-        "histogram_plain_add", "bins[", "global"),
+        lambda: ch06.histogram_plain_add[1, B](
+            _ints(B, ch06.NBINS), _zeros(ch06.NBINS, dtype=np.int32)
+        ),
+        "histogram_plain_add",
+        "bins[",
+        "global",
+    ),
     "ch06 histogram: h[x[i]] += 1 in shared memory": (
         lambda: ch06.histogram_private_plain_add[1, B](
-            _ints(B, ch06.NBINS), _zeros(ch06.NBINS, dtype=np.int32)),
-        "histogram_private_plain_add", "h[", "shared"),
+            _ints(B, ch06.NBINS), _zeros(ch06.NBINS, dtype=np.int32)
+        ),
+        "histogram_private_plain_add",
+        "h[",
+        "shared",
+    ),
     "ch06 scan: no barrier after the load": (
         lambda: ch06.block_scan_no_load_barrier[1, B](
-            _ints(B, 9), _zeros(B, dtype=np.int32), _zeros(1, dtype=np.int32)),
-        "block_scan_no_load_barrier", "s[", "shared"),
+            _ints(B, 9), _zeros(B, dtype=np.int32), _zeros(1, dtype=np.int32)
+        ),
+        "block_scan_no_load_barrier",
+        "s[",
+        "shared",
+    ),
     "ch06 scan: no barrier between read and write": (
         lambda: ch06.block_scan_one_barrier[1, B](
-            _ints(B, 9), _zeros(B, dtype=np.int32), _zeros(1, dtype=np.int32)),
-        "block_scan_one_barrier", "s[", "shared"),
+            _ints(B, 9), _zeros(B, dtype=np.int32), _zeros(1, dtype=np.int32)
+        ),
+        "block_scan_one_barrier",
+        "s[",
+        "shared",
+    ),
     "ch08 tiled matmul: no syncthreads": (
         lambda: _ch08_tiled_without_sync()[(1, 1), (4, 4)](
-            _floats(4, 8), _floats(8, 4, seed=1), _zeros(4, 4)),
-        "matmul_tiled", "_tile[", "shared"),
+            _floats(4, 8), _floats(8, 4, seed=1), _zeros(4, 4)
+        ),
+        "matmul_tiled",
+        "_tile[",
+        "shared",
+    ),
     "checker: tiled matmul without barriers": (
         lambda: bugs.matmul_tiled_no_sync[(1, 1), (bugs.TILE, bugs.TILE)](
-            _floats(bugs.TILE, 2 * bugs.TILE), _floats(2 * bugs.TILE, bugs.TILE, seed=1),
-            _zeros(bugs.TILE, bugs.TILE)),
-        "kernel", "s", "shared"),
+            _floats(bugs.TILE, 2 * bugs.TILE),
+            _floats(2 * bugs.TILE, bugs.TILE, seed=1),
+            _zeros(bugs.TILE, bugs.TILE),
+        ),
+        "kernel",
+        "s",
+        "shared",
+    ),
     "checker: counts[keys[i]] += 1": (
         lambda: bugs.count_plain[2, 16](_ints(64, 4), _zeros(4, dtype=np.int32)),
-        "count_plain", "counts[", "global"),
+        "count_plain",
+        "counts[",
+        "global",
+    ),
 }
 
 
@@ -174,8 +230,9 @@ def test_every_racy_kernel_is_reported_every_time(name):
         # Both threads and the source line are named, and what usually fixes it.
         assert re.search(r"threads? \(\d+,\d+,\d+\)", message), message
         assert re.search(r"\.py:\d+", message), message
-        assert "cuda.atomic.add" in message or "cuda.syncthreads()" in message \
-            or "launch" in message, message
+        assert (
+            "cuda.atomic.add" in message or "cuda.syncthreads()" in message or "launch" in message
+        ), message
 
 
 def test_report_names_kernel_array_element_threads_and_line():
@@ -195,9 +252,11 @@ def test_report_names_kernel_array_element_threads_and_line():
     with pytest.raises(RaceError) as info:
         histogram_lost_update[1, 8](_dev(x), _zeros(4, dtype=np.int32))
     message = str(info.value)
-    m = re.search(r"threads \((\d),0,0\) and \((\d),0,0\) of block \(0,0,0\) both updated "
-                  r"h\[(\d)\] without an atomic between two barriers \(test_racecheck\.py:(\d+)\)",
-                  message)
+    m = re.search(
+        r"threads \((\d),0,0\) and \((\d),0,0\) of block \(0,0,0\) both updated "
+        r"h\[(\d)\] without an atomic between two barriers \(test_racecheck\.py:(\d+)\)",
+        message,
+    )
     assert m, message
     a, b, bin_ = int(m.group(1)), int(m.group(2)), int(m.group(3))
     assert x[a] == x[b] == bin_ and a != b
@@ -286,8 +345,7 @@ def _last_block_without_fence(x, partial, counter, out):
 def test_last_block_without_threadfence_is_reported():
     # Without the fence the partials need not be visible to the last block.
     with pytest.raises(RaceError, match="partial"):
-        _last_block_without_fence[3, 1](_floats(3), _zeros(3), _zeros(1, dtype=np.int32),
-                                        _zeros(1))
+        _last_block_without_fence[3, 1](_floats(3), _zeros(3), _zeros(1, dtype=np.int32), _zeros(1))
 
 
 def test_intentional_race_is_not_reported():
@@ -338,9 +396,22 @@ def test_device_function_shape_is_judged_at_the_call_site():
 
 # ------------------------------------------------ numba-cuda's own simulator tests
 
-NUMBA_SUITES = ["test_sync", "test_atomics", "test_reduction", "test_matmul", "test_sm",
-                "test_laplace", "test_montecarlo", "test_intrinsics", "test_array",
-                "test_globals", "test_freevar", "test_idiv"]
+NUMBA_SUITES = [
+    "test_sync",
+    "test_atomics",
+    "test_reduction",
+    "test_matmul",
+    "test_sm",
+    "test_laplace",
+    "test_montecarlo",
+    "test_intrinsics",
+    "test_array",
+    "test_globals",
+    "test_freevar",
+    "test_idiv",
+]
+
+
 def _flatten(tests):
     for t in tests:
         if isinstance(t, unittest.TestSuite):
@@ -353,13 +424,17 @@ def _flatten(tests):
 def test_numba_cuda_simulator_suite_passes_under_the_course_runtime(suite):
     """Code nobody here wrote: neither the launch checks nor the race detector may
     refuse valid Numba (device functions, literal shapes passed down, atomics)."""
-    pytest.importorskip("filecheck", reason="numba-cuda's test helpers need `filecheck` "
-                        "(pip install -e '.[dev]')")
+    pytest.importorskip(
+        "filecheck", reason="numba-cuda's test helpers need `filecheck` (pip install -e '.[dev]')"
+    )
     module = importlib.import_module(f"numba.cuda.tests.cudapy.{suite}")
     tests = list(_flatten(unittest.defaultTestLoader.loadTestsFromModule(module)))
     # Some of its modules hold plain pytest-style functions instead of TestCases.
-    tests += [unittest.FunctionTestCase(f) for name, f in vars(module).items()
-              if name.startswith("test") and inspect.isfunction(f)]
+    tests += [
+        unittest.FunctionTestCase(f)
+        for name, f in vars(module).items()
+        if name.startswith("test") and inspect.isfunction(f)
+    ]
     # As the course runs kernels: launch checks, race detector, its block runners.
     result = unittest.TextTestRunner(stream=_Null(), verbosity=0).run(unittest.TestSuite(tests))
     problems = [f"{t}: {tb.strip().splitlines()[-1]}" for t, tb in result.errors + result.failures]

@@ -67,7 +67,7 @@ def readme_table(chapter, script):
     lines = (REPO_ROOT / "chapters" / chapter / "README.md").read_text().splitlines()
     start = lines.index(f"<!-- gpu-figures: {script}.py -->")
     caption, rows = [], []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("|"):
             rows.append([c.strip().replace("`", "") for c in line.strip("|").split("|")])
         elif rows:
@@ -115,8 +115,9 @@ def test_atomics_demo_says_the_race_is_on_purpose(printed):
     assert "the simulator" in out and "come out right by chance" in out
 
 
-@pytest.mark.parametrize("chapter", ["01_ecosystem", "03_python_for_kernels", "04_gpu_intro",
-                                     "05_first_kernels"])
+@pytest.mark.parametrize(
+    "chapter", ["01_ecosystem", "03_python_for_kernels", "04_gpu_intro", "05_first_kernels"]
+)
 def test_every_timed_script_has_readme_figures(chapter):
     for path in sorted((REPO_ROOT / "chapters" / chapter).glob("*.py")):
         if path.stem in ("exercises", "solutions"):
@@ -132,26 +133,35 @@ def test_readme_figures_errors_say_what_to_do(tmp_path):
     (tmp_path / "README.md").write_text("# demo\n\nno figures here\n")
     with pytest.raises(LookupError, match=r"<!-- gpu-figures: demo.py -->.*Measured on"):
         readme_figures(script)
-    (tmp_path / "README.md").write_text("<!-- gpu-figures: demo.py -->\nMeasured somewhere:\n\n"
-                                        "| a |\n|---|\n| 1 |\n")
+    (tmp_path / "README.md").write_text(
+        "<!-- gpu-figures: demo.py -->\nMeasured somewhere:\n\n| a |\n|---|\n| 1 |\n"
+    )
     with pytest.raises(LookupError, match=r"README.md:1: .*'Measured on an NVIDIA <GPU>'"):
         readme_figures(script)
-    (tmp_path / "README.md").write_text("<!-- gpu-figures: demo.py -->\n"
-                                        "Measured on an NVIDIA H100 (n = 3):\n\n"
-                                        "| a | b |\n|---|---|\n| `x` | 1.5 |\n| y | 2 |\n\nafter\n")
+    (tmp_path / "README.md").write_text(
+        "<!-- gpu-figures: demo.py -->\n"
+        "Measured on an NVIDIA H100 (n = 3):\n\n"
+        "| a | b |\n|---|---|\n| `x` | 1.5 |\n| y | 2 |\n\nafter\n"
+    )
     figures = readme_figures(script)
-    assert (figures.gpu, figures.header, figures.rows) == ("NVIDIA H100", ["a", "b"],
-                                                           [["x", "1.5"], ["y", "2"]])
+    assert (figures.gpu, figures.header, figures.rows) == (
+        "NVIDIA H100",
+        ["a", "b"],
+        [["x", "1.5"], ["y", "2"]],
+    )
     text = figures.format()
     assert " ".join(text.split()).startswith(
-        f"GPU figures from {tmp_path / 'README.md'}: measured on an NVIDIA H100 (n = 3): a b x 1.5")
+        f"GPU figures from {tmp_path / 'README.md'}: measured on an NVIDIA H100 (n = 3): a b x 1.5"
+    )
     table = [line.split() for line in text.splitlines()[-3:]]
     assert table == [["a", "b"], ["x", "1.5"], ["y", "2"]]
 
 
 def test_unmeasured_table_shows_each_versions_error():
-    checked = [Timing("1 naive", extra={"rel_error": 2.5e-8}),
-               Timing("2 tiled", extra={"rel_error": 0.0})]
+    checked = [
+        Timing("1 naive", extra={"rel_error": 2.5e-8}),
+        Timing("2 tiled", extra={"rel_error": 0.0}),
+    ]
     lines = format_table(checked, title="T").splitlines()
     assert lines[0] == "T" and SIMULATOR_NOTE in lines[1] and "rel. error" in lines[1]
     assert lines[2].split() == ["1", "naive", "2.5e-08"] and lines[3].split() == ["2", "tiled", "0"]

@@ -74,24 +74,36 @@ def main(argv=None):
     out_numpy = np.empty((n, n), np.float32)
     numpy_ms = cpu_ms(partial(pairwise_dist_numpy, points_host, out_numpy), repeats=1)
     check(out_numpy, reference, tol=1e-5, name="numpy")
-    print(f"pairwise squared distances, {n} points in {d} dimensions; every version is checked "
-          "against a float64 reference (rel. error <= 1e-5)")
+    print(
+        f"pairwise squared distances, {n} points in {d} dimensions; every version is checked "
+        "against a float64 reference (rel. error <= 1e-5)"
+    )
     print(f"  0 python loops : {python_ms:12.1f} ms (timed on {rows} rows, scaled)")
     print(f"  1 numpy        : {numpy_ms:12.1f} ms")
 
     peaks = device_peaks()
     results = run_versions(
-        {"2 pairwise_dist_naive": pairwise_dist}, (cuda.to_device(points_host),),
-        reference, (n, n), np.float32, tol=1e-5, flops=3 * n * n * d,
-        title="GPU kernel", peaks=peaks)
+        {"2 pairwise_dist_naive": pairwise_dist},
+        (cuda.to_device(points_host),),
+        reference,
+        (n, n),
+        np.float32,
+        tol=1e-5,
+        flops=3 * n * n * d,
+        title="GPU kernel",
+        peaks=peaks,
+    )
     gpu = results[0]
     if gpu.measured:
-        print(f"  the kernel is {python_ms / gpu.median_ms:,.0f}x faster than the Python loops "
-              f"and {numpy_ms / gpu.median_ms:,.0f}x faster than NumPy")
+        print(
+            f"  the kernel is {python_ms / gpu.median_ms:,.0f}x faster than the Python loops "
+            f"and {numpy_ms / gpu.median_ms:,.0f}x faster than NumPy"
+        )
     else:
         print(readme_figures(__file__).format())
-    save_results(results, args.out, "loop_to_kernel", n=n, d=d,
-                 python_ms=python_ms, numpy_ms=numpy_ms)
+    save_results(
+        results, args.out, "loop_to_kernel", n=n, d=d, python_ms=python_ms, numpy_ms=numpy_ms
+    )
     return 0
 
 

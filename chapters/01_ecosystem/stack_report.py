@@ -21,7 +21,11 @@ STACK = [
     ("framework", "jax", "JAX: NumPy-like, traced and compiled by XLA"),
     ("framework", "tensorflow", "TensorFlow / Keras: graph framework, XLA compiler"),
     ("kernel DSL", "triton", "Triton: Python kernels over tiles, compiled via MLIR to PTX"),
-    ("kernel DSL", "numba-cuda", "Numba CUDA target: Python kernels -> LLVM/NVVM -> PTX (this course)"),
+    (
+        "kernel DSL",
+        "numba-cuda",
+        "Numba CUDA target: Python kernels -> LLVM/NVVM -> PTX (this course)",
+    ),
     ("kernel DSL", "numba", "Numba core: Python bytecode -> Numba IR -> LLVM (CPU)"),
     ("kernel DSL", "cuda-python", "NVIDIA's Python bindings to the driver/runtime APIs"),
     ("kernel DSL", "cupy", "CuPy: NumPy on the GPU, plus raw CUDA C++ kernels"),
@@ -88,7 +92,9 @@ def main(argv=None):
     if installed_version("torch"):
         import torch
 
-        print(f"torch CUDA build: {torch.version.cuda}; torch sees a GPU: {torch.cuda.is_available()}")
+        print(
+            f"torch CUDA build: {torch.version.cuda}; torch sees a GPU: {torch.cuda.is_available()}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "stack.json").write_text(json.dumps(r, indent=2))
     print(f"wrote {args.out / 'stack.json'}")

@@ -17,9 +17,21 @@ import json
 
 # (attribute, unit, why a kernel writer cares) in the order a kernel meets them.
 EXPLAINED = [
-    ("compute_capability", "", "the SM architecture (9.0 = Hopper): decides instructions and limits"),
-    ("MULTIPROCESSOR_COUNT", "SMs", "how many blocks run at once, roughly; size grids to several x this"),
-    ("WARP_SIZE", "threads", "threads that execute one instruction together; make blocks a multiple"),
+    (
+        "compute_capability",
+        "",
+        "the SM architecture (9.0 = Hopper): decides instructions and limits",
+    ),
+    (
+        "MULTIPROCESSOR_COUNT",
+        "SMs",
+        "how many blocks run at once, roughly; size grids to several x this",
+    ),
+    (
+        "WARP_SIZE",
+        "threads",
+        "threads that execute one instruction together; make blocks a multiple",
+    ),
     ("MAX_THREADS_PER_BLOCK", "threads", "largest block; a launch with more fails"),
     ("MAX_BLOCK_DIM_X", "threads", "largest block size along x"),
     ("MAX_BLOCK_DIM_Y", "threads", "largest block size along y"),
@@ -28,20 +40,52 @@ EXPLAINED = [
     ("MAX_GRID_DIM_Y", "blocks", "largest grid along y (65535: a 2-D grid caps rows of blocks)"),
     ("MAX_GRID_DIM_Z", "blocks", "largest grid along z"),
     ("MAX_THREADS_PER_MULTIPROCESSOR", "threads", "resident threads per SM: the occupancy ceiling"),
-    ("MAX_BLOCKS_PER_MULTIPROCESSOR", "blocks", "resident blocks per SM: tiny blocks hit this first"),
+    (
+        "MAX_BLOCKS_PER_MULTIPROCESSOR",
+        "blocks",
+        "resident blocks per SM: tiny blocks hit this first",
+    ),
     ("MAX_REGISTERS_PER_BLOCK", "32-bit regs", "registers one block may use in total"),
-    ("MAX_REGISTERS_PER_MULTIPROCESSOR", "32-bit regs", "register file of an SM; regs/thread x threads <= this"),
+    (
+        "MAX_REGISTERS_PER_MULTIPROCESSOR",
+        "32-bit regs",
+        "register file of an SM; regs/thread x threads <= this",
+    ),
     ("MAX_SHARED_MEMORY_PER_BLOCK", "bytes", "static shared memory per block (cuda.shared.array)"),
     ("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", "bytes", "dynamic shared memory a block may opt in to"),
-    ("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR", "bytes", "shared memory of an SM, split among its blocks"),
-    ("TOTAL_CONSTANT_MEMORY", "bytes", "constant memory (cuda.const.array_like), cached, read-only"),
-    ("L2_CACHE_SIZE", "bytes", "last-level cache shared by all SMs; data reused within it is cheap"),
+    (
+        "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+        "bytes",
+        "shared memory of an SM, split among its blocks",
+    ),
+    (
+        "TOTAL_CONSTANT_MEMORY",
+        "bytes",
+        "constant memory (cuda.const.array_like), cached, read-only",
+    ),
+    (
+        "L2_CACHE_SIZE",
+        "bytes",
+        "last-level cache shared by all SMs; data reused within it is cheap",
+    ),
     ("total_memory_bytes", "bytes", "global memory (HBM): what cuda.device_array allocates from"),
     ("CLOCK_RATE", "kHz", "SM clock: peak FLOP/s = SMs x FP32 units/SM x 2 x clock"),
-    ("MEMORY_CLOCK_RATE", "kHz", "memory clock; with the bus width gives the theoretical bandwidth"),
+    (
+        "MEMORY_CLOCK_RATE",
+        "kHz",
+        "memory clock; with the bus width gives the theoretical bandwidth",
+    ),
     ("GLOBAL_MEMORY_BUS_WIDTH", "bits", "memory bus width"),
-    ("theoretical_bandwidth_gbps", "GB/s", "2 x memory clock x bus width / 8: a ceiling no copy reaches"),
-    ("ASYNC_ENGINE_COUNT", "engines", "copy engines: host<->device copies can overlap kernels (streams)"),
+    (
+        "theoretical_bandwidth_gbps",
+        "GB/s",
+        "2 x memory clock x bus width / 8: a ceiling no copy reaches",
+    ),
+    (
+        "ASYNC_ENGINE_COUNT",
+        "engines",
+        "copy engines: host<->device copies can overlap kernels (streams)",
+    ),
     ("CONCURRENT_KERNELS", "bool", "kernels from different streams may run at the same time"),
     ("UNIFIED_ADDRESSING", "bool", "host and device share one virtual address space"),
     ("ECC_ENABLED", "bool", "error-correcting memory on (costs a little bandwidth on some GPUs)"),
@@ -65,7 +109,10 @@ def simulator_limits():
 def query():
     """({attribute: value}, source): the GPU's attributes, or the simulator's limits."""
     if runtime.is_simulator():
-        return simulator_limits(), "simulator (no device): the limits the course's simulator enforces"
+        return (
+            simulator_limits(),
+            "simulator (no device): the limits the course's simulator enforces",
+        )
     from common.doctor import device_attributes
 
     attrs = device_attributes()
@@ -98,9 +145,13 @@ def main(argv=None):
         print("caches to report. Launches beyond these limits raise LaunchConfigError, as")
         print("a GPU would refuse them. On a GPU this script lists every attribute.")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "device_query.json").write_text(json.dumps(
-        {"source": source, "attributes": {k: v for k, v in attrs.items() if k != "uuid"}},
-        indent=2, default=str))
+    (args.out / "device_query.json").write_text(
+        json.dumps(
+            {"source": source, "attributes": {k: v for k, v in attrs.items() if k != "uuid"}},
+            indent=2,
+            default=str,
+        )
+    )
     print(f"wrote {args.out / 'device_query.json'}")
     return 0
 

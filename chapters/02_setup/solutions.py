@@ -32,6 +32,7 @@ def launch_config(n, threads_per_block):
     if n < 1:
         raise ValueError(f"need n >= 1 elements, got {n}")
     if not 1 <= threads_per_block <= limit:
-        raise ValueError(f"threads_per_block={threads_per_block} is outside 1..{limit}, "
-                         "the device's limit")
+        raise ValueError(
+            f"threads_per_block={threads_per_block} is outside 1..{limit}, the device's limit"
+        )
     return (n + threads_per_block - 1) // threads_per_block, threads_per_block

@@ -132,17 +132,36 @@ def main(argv=None):
 
     # Each version is its kernel with its launch configuration: one thread an element.
     fma = run_versions(
-        {"1 fma_chain_promoted": fma_chain_promoted[grid, threads],
-         "2 fma_chain_f32": fma_chain_f32[grid, threads]},
-        (x, iters), fma_chain_reference(x_host, iters), n, np.float32, tol=1e-5,
-        flops=2 * iters * n, peaks=peaks, print_table=False)
+        {
+            "1 fma_chain_promoted": fma_chain_promoted[grid, threads],
+            "2 fma_chain_f32": fma_chain_f32[grid, threads],
+        },
+        (x, iters),
+        fma_chain_reference(x_host, iters),
+        n,
+        np.float32,
+        tol=1e-5,
+        flops=2 * iters * n,
+        peaks=peaks,
+        print_table=False,
+    )
     exp = run_versions(
         {"3 exp_promoted": exp_promoted[grid, threads], "4 exp_f32": exp_f32[grid, threads]},
-        (x,), np.exp(x_host.astype(np.float64) * 0.5), n, np.float32, tol=1e-6,
-        nbytes=8 * n, peaks=peaks, print_table=False)
+        (x,),
+        np.exp(x_host.astype(np.float64) * 0.5),
+        n,
+        np.float32,
+        tol=1e-6,
+        nbytes=8 * n,
+        peaks=peaks,
+        print_table=False,
+    )
     results = fma + exp
-    print(format_table(results, title=f"float64 promotion, n = {n:,} ({iters} FMAs an element "
-                                      "in versions 1-2)"))
+    print(
+        format_table(
+            results, title=f"float64 promotion, n = {n:,} ({iters} FMAs an element in versions 1-2)"
+        )
+    )
     print("every version checked against a float64 reference (rel. error <= 1e-5)")
     for r, kernel in zip(results, (fma_chain_promoted, fma_chain_f32, exp_promoted, exp_f32)):
         r.extra["f64_ptx_instructions"] = f64_instruction_count(kernel)
@@ -153,8 +172,7 @@ def main(argv=None):
         print(f"  exp:       promoted / float32 time = {exp[0].median_ms / exp[1].median_ms:.2f}x")
     else:  # no PTX and no times in the simulator: show the GPU run's
         print(readme_figures(__file__).format())
-    save_results(results, args.out, "float64_promotion", n=n, iters=iters,
-                 typing=typing_report())
+    save_results(results, args.out, "float64_promotion", n=n, iters=iters, typing=typing_report())
     return 0
 
 

@@ -28,12 +28,16 @@ def show_flat_layout():
     print(f"  in memory (row-major, C order): {' '.join(f'{v:.0f}' for v in a.ravel(order='K'))}")
     print(f"  a.strides = {a.strides} bytes: +16 to go down a row, +4 to go right")
     i, j = 2, 1
-    print(f"  a[{i}, {j}] = {a[i, j]:.0f} sits at flat position i * ncols + j = "
-          f"{i} * 4 + {j} = {i * 4 + j}")
+    print(
+        f"  a[{i}, {j}] = {a[i, j]:.0f} sits at flat position i * ncols + j = "
+        f"{i} * 4 + {j} = {i * 4 + j}"
+    )
     t = a.T
     print(f"  a.T.strides = {t.strides}: the same memory, strides swapped (a view, no copy)")
-    print(f"  a.T is C-contiguous: {t.flags['C_CONTIGUOUS']}; shares memory with a: "
-          f"{np.shares_memory(a, t)}")
+    print(
+        f"  a.T is C-contiguous: {t.flags['C_CONTIGUOUS']}; shares memory with a: "
+        f"{np.shares_memory(a, t)}"
+    )
     s = a[:, ::2]
     print(f"  a[:, ::2].strides = {s.strides}: a view that skips every other column")
     c = np.ascontiguousarray(t)
@@ -74,21 +78,33 @@ def main(argv=None):
     at_view = a_host.T  # (n + 3, n), strides (4, 4 * (n + 3))
     src_contiguous = cuda.to_device(np.ascontiguousarray(at_view))
     src_strided = cuda.to_device(at_view)  # keeps the swapped strides on the device
-    print(f"device copies of A.T: contiguous strides {src_contiguous.strides}, "
-          f"view strides {src_strided.strides}")
+    print(
+        f"device copies of A.T: contiguous strides {src_contiguous.strides}, "
+        f"view strides {src_strided.strides}"
+    )
     block = (32, 8)
     rows, cols = at_view.shape
     grid = (ceil_div(cols, block[0]), ceil_div(rows, block[1]))
     peaks = device_peaks()
     # The versions differ only in their source: the same launch, bound to each.
     results = run_versions(
-        {"1 copy_2d, row-major source": partial(copy_2d[grid, block], src_contiguous),
-         "2 copy_2d, A.T view source": partial(copy_2d[grid, block], src_strided)},
-        (), at_view.astype(np.float64), at_view.shape, np.float32, tol=0,
-        nbytes=2 * 4 * at_view.size, title=f"reading A.T in a kernel ({rows}x{cols} float32)",
-        peaks=peaks)
-    print("both versions checked against A.T (exact): same values, only the memory order "
-          "of the reads differs")
+        {
+            "1 copy_2d, row-major source": partial(copy_2d[grid, block], src_contiguous),
+            "2 copy_2d, A.T view source": partial(copy_2d[grid, block], src_strided),
+        },
+        (),
+        at_view.astype(np.float64),
+        at_view.shape,
+        np.float32,
+        tol=0,
+        nbytes=2 * 4 * at_view.size,
+        title=f"reading A.T in a kernel ({rows}x{cols} float32)",
+        peaks=peaks,
+    )
+    print(
+        "both versions checked against A.T (exact): same values, only the memory order "
+        "of the reads differs"
+    )
     if results[0].measured:
         print(f"  the strided read is {results[1].median_ms / results[0].median_ms:.1f}x slower")
     else:

@@ -63,8 +63,9 @@ def measure(n, iters, repeats=20):
     launch()  # the first call compiles
     cuda.synchronize()
     first_ms = (time.perf_counter() - t0) * 1e3
-    err = check(out, float64_promotion.fma_chain_reference(x_host, iters), tol=1e-5,
-                name="heavy_fma")
+    err = check(
+        out, float64_promotion.fma_chain_reference(x_host, iters), tol=1e-5, name="heavy_fma"
+    )
     if is_simulator():
         return err, {}
 
@@ -92,8 +93,10 @@ def main(argv=None):
     iters = pick(gpu=2048, simulator=3)
     print(f"heavy_fma: n = {n:,} float32, {iters} FMAs an element")
     err, results = measure(n, iters)
-    print(f"  output checked against the float64 closed form (a geometric series): "
-          f"rel. error {err:.2g} (tolerance 1e-5)")
+    print(
+        f"  output checked against the float64 closed form (a geometric series): "
+        f"rel. error {err:.2g} (tolerance 1e-5)"
+    )
     if not results:
         print(f"  ({SIMULATOR_NOTE})")
         print(readme_figures(__file__).format())
@@ -101,8 +104,13 @@ def main(argv=None):
         right = results["fix a: CUDA events, after warm-up"]
         for label, ms in results.items():
             print(f"  {label:<46} {ms:10.3f} ms  ({ms / right:8.2f}x the event time)")
-    save_results([Timing(label, median_ms=ms) for label, ms in results.items()], args.out,
-                 "timing_mistakes", n=n, iters=iters)
+    save_results(
+        [Timing(label, median_ms=ms) for label, ms in results.items()],
+        args.out,
+        "timing_mistakes",
+        n=n,
+        iters=iters,
+    )
     return 0
 
 

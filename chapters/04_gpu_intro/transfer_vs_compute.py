@@ -81,15 +81,25 @@ def measure(op, n, rng):
     h2d()
     kernel[grid, threads](a, b, out)
     out.copy_to_host(out_host)
-    err = check(out_host, cpu_fn(a_host.astype(np.float64), b_host.astype(np.float64)), tol=1e-5,
-                name=f"{op} n={n}")
+    err = check(
+        out_host,
+        cpu_fn(a_host.astype(np.float64), b_host.astype(np.float64)),
+        tol=1e-5,
+        name=f"{op} n={n}",
+    )
     t_h2d = benchmark(h2d, "H2D", repeats=5)
     t_kernel = benchmark(partial(kernel[grid, threads], a, b, out), "kernel", repeats=10)
     t_d2h = benchmark(partial(out.copy_to_host, out_host), "D2H", repeats=5)
     if not t_kernel.measured:
         return err, None
-    return err, {"op": op, "n": n, "cpu_ms": cpu_ms(partial(cpu_fn, a_host, b_host)),
-            "h2d_ms": t_h2d.median_ms, "kernel_ms": t_kernel.median_ms, "d2h_ms": t_d2h.median_ms}
+    return err, {
+        "op": op,
+        "n": n,
+        "cpu_ms": cpu_ms(partial(cpu_fn, a_host, b_host)),
+        "h2d_ms": t_h2d.median_ms,
+        "kernel_ms": t_kernel.median_ms,
+        "d2h_ms": t_d2h.median_ms,
+    }
 
 
 def crossover(rows):
@@ -113,8 +123,12 @@ def plot(rows, path):
         rs = [r for r in rows if r["op"] == op]
         n = [r["n"] for r in rs]
         ax.loglog(n, [r["cpu_ms"] for r in rs], "o-", label="CPU (NumPy)")
-        ax.loglog(n, [r["h2d_ms"] + r["kernel_ms"] + r["d2h_ms"] for r in rs], "s-",
-                  label="GPU: copy in + kernel + copy out")
+        ax.loglog(
+            n,
+            [r["h2d_ms"] + r["kernel_ms"] + r["d2h_ms"] for r in rs],
+            "s-",
+            label="GPU: copy in + kernel + copy out",
+        )
         ax.loglog(n, [r["kernel_ms"] for r in rs], "^--", label="GPU: kernel only")
         ax.loglog(n, [r["h2d_ms"] + r["d2h_ms"] for r in rs], ":", label="GPU: copies only")
         ax.set_title(op)
@@ -140,9 +154,11 @@ def main(argv=None):
             errors.append(err)
             if row is not None:
                 rows.append(row)
-        print(f"{op}: kernel checked against NumPy in float64 at n = "
-              f"{', '.join(f'{n:,}' for n in sizes)}: rel. error <= {max(errors):.2g} "
-              "(tolerance 1e-5)")
+        print(
+            f"{op}: kernel checked against NumPy in float64 at n = "
+            f"{', '.join(f'{n:,}' for n in sizes)}: rel. error <= {max(errors):.2g} "
+            "(tolerance 1e-5)"
+        )
     if not rows:
         print(f"({SIMULATOR_NOTE}, so no plot)")
         print(readme_figures(__file__).format())
@@ -151,12 +167,16 @@ def main(argv=None):
         return 0
     print(f"  {'op':<11} {'n':>12} {'CPU ms':>9} {'H2D ms':>9} {'kernel ms':>10} {'D2H ms':>9}")
     for r in rows:
-        print(f"  {r['op']:<11} {r['n']:>12,} {r['cpu_ms']:9.3f} {r['h2d_ms']:9.3f} "
-              f"{r['kernel_ms']:10.4f} {r['d2h_ms']:9.3f}")
+        print(
+            f"  {r['op']:<11} {r['n']:>12,} {r['cpu_ms']:9.3f} {r['h2d_ms']:9.3f} "
+            f"{r['kernel_ms']:10.4f} {r['d2h_ms']:9.3f}"
+        )
     for op in OPERATIONS:
         n = crossover([r for r in rows if r["op"] == op])
-        print(f"  {op}: the GPU, transfers included, wins from n = "
-              + (f"{n:,}" if n else "never (in this range)"))
+        print(
+            f"  {op}: the GPU, transfers included, wins from n = "
+            + (f"{n:,}" if n else "never (in this range)")
+        )
     # One row an (operation, n), not one timing a version: written as it is.
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "transfer_vs_compute.json").write_text(json.dumps(rows, indent=2))

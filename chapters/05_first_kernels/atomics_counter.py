@@ -49,7 +49,9 @@ def count_above_atomic(x, threshold, counter):
 def count(kernel, x, threshold, threads_per_block=256):
     """Run ``kernel`` on device array x (float32 (n,)); return the int count."""
     counter = cuda.to_device(np.zeros(1, dtype=np.int32))
-    kernel[ceil_div(x.size, threads_per_block), threads_per_block](x, np.float32(threshold), counter)
+    kernel[ceil_div(x.size, threads_per_block), threads_per_block](
+        x, np.float32(threshold), counter
+    )
     return int(counter.copy_to_host()[0])
 
 
@@ -62,13 +64,19 @@ def main(argv=None):
     threshold = 0.0
     expected = int((x_host > threshold).sum())
     x = cuda.to_device(x_host)
-    print(f"count of x > {threshold:g} over n = {n:,} normal samples; right answer {expected:,} "
-          "(NumPy's count)")
-    print("version 1 races on purpose: counter[0] += 1 is a read, an add and a write, so two\n"
-          "  threads that read the same old value both write old + 1, and a count is lost")
-    print("on a GPU expect version 1 wrong in every run, with most updates lost; the simulator\n"
-          "  switches between its Python threads only every microsecond, so it loses fewer, and\n"
-          "  a run can come out right by chance")
+    print(
+        f"count of x > {threshold:g} over n = {n:,} normal samples; right answer {expected:,} "
+        "(NumPy's count)"
+    )
+    print(
+        "version 1 races on purpose: counter[0] += 1 is a read, an add and a write, so two\n"
+        "  threads that read the same old value both write old + 1, and a count is lost"
+    )
+    print(
+        "on a GPU expect version 1 wrong in every run, with most updates lost; the simulator\n"
+        "  switches between its Python threads only every microsecond, so it loses fewer, and\n"
+        "  a run can come out right by chance"
+    )
     if is_simulator():
         try:
             count(count_above_plain, x, threshold)
@@ -81,8 +89,10 @@ def main(argv=None):
             plain = [count(count_above_plain, x, threshold) for _ in range(runs)]
         atomic = [count(count_above_atomic, x, threshold) for _ in range(runs)]
     wrong = sum(c != expected for c in plain)
-    print(f"  1 plain +=        : {', '.join(f'{c:,}' for c in plain)}  "
-          f"(wrong in {wrong} of {runs} runs)")
+    print(
+        f"  1 plain +=        : {', '.join(f'{c:,}' for c in plain)}  "
+        f"(wrong in {wrong} of {runs} runs)"
+    )
     if any(c != expected for c in atomic):
         print(f"  2 cuda.atomic.add : {', '.join(f'{c:,}' for c in atomic)}")
         print("FAILED: the atomic count is wrong", file=sys.stderr)
@@ -99,14 +109,27 @@ def main(argv=None):
         counter = cuda.to_device(np.zeros(1, dtype=np.int32))
         grid, block = ceil_div(n, 256), 256
         results = [
-            benchmark(partial(kernel[grid, block], x, np.float32(threshold), counter), name,
-                      nbytes=4 * n, peaks=peaks)
-            for name, kernel in (("1 plain += (wrong)", count_above_plain),
-                                 ("2 cuda.atomic.add", count_above_atomic))
+            benchmark(
+                partial(kernel[grid, block], x, np.float32(threshold), counter),
+                name,
+                nbytes=4 * n,
+                peaks=peaks,
+            )
+            for name, kernel in (
+                ("1 plain += (wrong)", count_above_plain),
+                ("2 cuda.atomic.add", count_above_atomic),
+            )
         ]
         print(format_table(results, title="cost of the atomic (half the threads hit one address)"))
-    save_results(results, args.out, "atomics_counter", n=n, plain_counts=plain,
-                 atomic_counts=atomic, expected=expected)
+    save_results(
+        results,
+        args.out,
+        "atomics_counter",
+        n=n,
+        plain_counts=plain,
+        atomic_counts=atomic,
+        expected=expected,
+    )
     return 0
 
 

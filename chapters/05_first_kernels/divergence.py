@@ -63,8 +63,15 @@ def main(argv=None):
         where = "diverged" if group < WARP else "warp-uniform"
         results += run_versions(
             {f"group {group:>2} ({where})": branch_by_group[ceil_div(n, threads), threads]},
-            (x, group, iters), reference(x_host, group, iters), n, np.float32, tol=1e-5,
-            flops=2 * iters * n, peaks=peaks, print_table=False)
+            (x, group, iters),
+            reference(x_host, group, iters),
+            n,
+            np.float32,
+            tol=1e-5,
+            flops=2 * iters * n,
+            peaks=peaks,
+            print_table=False,
+        )
     print(format_table(results, title=f"branch divergence: n = {n:,}, {iters} FMAs an element"))
     print("every version checked against a float64 reference (rel. error <= 1e-5)")
     uniform = results[4]  # group 32: one path a warp

@@ -33,7 +33,9 @@ def scaled_add(alpha, x, y, out, threads_per_block=128):
     Raises:
         TypeError / ValueError: non-device arrays, wrong dtype, mismatched shapes.
     """
-    raise NotImplementedError("Exercise 5.1: write scaled_add's kernel above, then delete this line")
+    raise NotImplementedError(
+        "Exercise 5.1: write scaled_add's kernel above, then delete this line"
+    )
     for name, arr in (("x", x), ("y", y), ("out", out)):
         require_device_array(arr, name, 1, np.float32)
     if not x.shape == y.shape == out.shape:
@@ -98,7 +100,9 @@ def broadcast_add(x, row, col, out, block=(16, 16)):
     Raises:
         TypeError / ValueError: wrong dtypes or shapes.
     """
-    raise NotImplementedError("Exercise 5.3: write broadcast_add's kernel above, then delete this line")
+    raise NotImplementedError(
+        "Exercise 5.3: write broadcast_add's kernel above, then delete this line"
+    )
     require_device_array(x, "x", 2, np.float32)
     require_device_array(out, "out", 2, np.float32)
     require_device_array(row, "row", 1, np.float32)
@@ -166,7 +170,9 @@ def batched_matmul(a, b, out, block=(8, 8, 2)):
     Raises:
         TypeError / ValueError: wrong dtypes, or shapes that do not chain.
     """
-    raise NotImplementedError("Exercise 5.5: write batched_matmul's kernel above, then delete this line")
+    raise NotImplementedError(
+        "Exercise 5.5: write batched_matmul's kernel above, then delete this line"
+    )
     for name, arr in (("a", a), ("b", b), ("out", out)):
         require_device_array(arr, name, 3, np.float32)
     batch, m, k = a.shape
@@ -199,7 +205,9 @@ def count_above(x, threshold, threads_per_block=128):
     Returns:
         int, equal to ``int((x > threshold).sum())``.
     """
-    raise NotImplementedError("Exercise 5.6: write count_above's kernel above, then delete this line")
+    raise NotImplementedError(
+        "Exercise 5.6: write count_above's kernel above, then delete this line"
+    )
     require_device_array(x, "x", 1, np.float32)
     counter = cuda.to_device(np.zeros(1, dtype=np.int32))
     blocks = ceil_div(x.size, threads_per_block)

@@ -22,9 +22,18 @@ from numba import cuda
 # Every thread runs the same code; only these built-in coordinates tell them apart.
 @cuda.jit
 def hello_threads():
-    print("block", cuda.blockIdx.x, "of", cuda.gridDim.x,
-          "| thread", cuda.threadIdx.x, "of", cuda.blockDim.x,
-          "| global index", cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x)
+    print(
+        "block",
+        cuda.blockIdx.x,
+        "of",
+        cuda.gridDim.x,
+        "| thread",
+        cuda.threadIdx.x,
+        "of",
+        cuda.blockDim.x,
+        "| global index",
+        cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x,
+    )
 
 
 # cuda.grid(1) is the one-liner for blockIdx.x * blockDim.x + threadIdx.x.
@@ -57,8 +66,10 @@ def main(argv=None):
     out = poisoned(n, np.int32)
     global_index_1d[ceil_div(n, threads), threads](out)
     check(out, np.arange(n, dtype=np.int32), name="global_index_1d")
-    print(f"global_index_1d: {ceil_div(n, threads)} blocks x {threads} threads cover "
-          f"{n} elements: {' '.join(map(str, out.copy_to_host()))}  OK")
+    print(
+        f"global_index_1d: {ceil_div(n, threads)} blocks x {threads} threads cover "
+        f"{n} elements: {' '.join(map(str, out.copy_to_host()))}  OK"
+    )
 
     rows, cols, block = 5, 7, (4, 2)
     r_out, c_out = poisoned((rows, cols), np.int32), poisoned((rows, cols), np.int32)

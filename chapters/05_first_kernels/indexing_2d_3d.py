@@ -42,8 +42,11 @@ def rgb_to_gray_reference(img):
 def rgb_to_gray_2d(img, weights, gray):
     col, row = cuda.grid(2)
     if row < gray.shape[0] and col < gray.shape[1]:
-        gray[row, col] = (weights[0] * img[row, col, 0] + weights[1] * img[row, col, 1]
-                          + weights[2] * img[row, col, 2])
+        gray[row, col] = (
+            weights[0] * img[row, col, 0]
+            + weights[1] * img[row, col, 1]
+            + weights[2] * img[row, col, 2]
+        )
 
 
 # version 2: thread (col j, row i) computes C[i, j] = sum_k A[i, k] * B[k, j].
@@ -104,18 +107,33 @@ def main(argv=None):
     results += run_versions(
         {"1 rgb_to_gray_2d, block (32, 8)": rgb_to_gray},
         (cuda.to_device(img_host), cuda.to_device(GRAY_WEIGHTS)),
-        rgb_to_gray_reference(img_host), (h, w), np.float32, tol=1e-6,
-        nbytes=16 * h * w, peaks=peaks, print_table=False)
+        rgb_to_gray_reference(img_host),
+        (h, w),
+        np.float32,
+        tol=1e-6,
+        nbytes=16 * h * w,
+        peaks=peaks,
+        print_table=False,
+    )
     sizes = [f"RGB -> gray {h}x{w} image"]
 
     m, k, n = pick(gpu=(2048, 2048, 2048), simulator=(17, 9, 13))
     a_host = rng.standard_normal((m, k)).astype(np.float32)
     b_host = rng.standard_normal((k, n)).astype(np.float32)
     results += run_versions(
-        {f"2 matmul_naive, block {block}": partial(matmul, block=block)
-         for block in ((16, 16), (32, 8))},
-        (cuda.to_device(a_host), cuda.to_device(b_host)), a_host.astype(np.float64) @ b_host,
-        (m, n), np.float32, tol=1e-5, flops=2 * m * n * k, peaks=peaks, print_table=False)
+        {
+            f"2 matmul_naive, block {block}": partial(matmul, block=block)
+            for block in ((16, 16), (32, 8))
+        },
+        (cuda.to_device(a_host), cuda.to_device(b_host)),
+        a_host.astype(np.float64) @ b_host,
+        (m, n),
+        np.float32,
+        tol=1e-5,
+        flops=2 * m * n * k,
+        peaks=peaks,
+        print_table=False,
+    )
     sizes.append(f"matmul {m}x{k} @ {k}x{n}")
 
     batch, m, k, n = pick(gpu=(32, 512, 512, 512), simulator=(3, 7, 5, 9))
@@ -124,8 +142,14 @@ def main(argv=None):
     results += run_versions(
         {"3 batched_matmul_naive, block (16, 16, 1)": batched_matmul},
         (cuda.to_device(a_host), cuda.to_device(b_host)),
-        np.matmul(a_host.astype(np.float64), b_host), (batch, m, n), np.float32, tol=1e-5,
-        flops=2 * batch * m * n * k, peaks=peaks, print_table=False)
+        np.matmul(a_host.astype(np.float64), b_host),
+        (batch, m, n),
+        np.float32,
+        tol=1e-5,
+        flops=2 * batch * m * n * k,
+        peaks=peaks,
+        print_table=False,
+    )
     sizes.append(f"batched matmul {batch} x ({m}x{k} @ {k}x{n})")
     print(format_table(results, title="; ".join(sizes)))
     print("every version checked against a float64 NumPy reference (rel. error <= 1e-5)")

@@ -49,8 +49,10 @@ def launch_without_bounds_check(n=1000, threads_per_block=128):
     """
     extra = ceil_div(n, threads_per_block) * threads_per_block - n
     if extra > 64:
-        raise ValueError(f"{extra} stray threads would overrun the 64 guard cells; "
-                         "pick n and threads_per_block with fewer")
+        raise ValueError(
+            f"{extra} stray threads would overrun the 64 guard cells; "
+            "pick n and threads_per_block with fewer"
+        )
     g = guarded(n, np.float32)
     try:
         fill_index_unchecked[ceil_div(n, threads_per_block), threads_per_block](g.array)
@@ -64,16 +66,20 @@ def launch_without_bounds_check(n=1000, threads_per_block=128):
         poison = np.float32(poison_value(np.float32))
         # Compare bit patterns: any value the kernel wrote, even a NaN, differs.
         written = int(np.sum(after.view(np.uint32) != poison.view(np.uint32)))
-        return (f"no error raised; {written} guard cells written past the end "
-                "(silent corruption: on a GPU these would be someone else's data)")
+        return (
+            f"no error raised; {written} guard cells written past the end "
+            "(silent corruption: on a GPU these would be someone else's data)"
+        )
     return "no error and no guard cells written (unexpected)"
 
 
 def main(argv=None):
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # --help
     n, threads = 1000, 128
-    print(f"fill_index_unchecked, n = {n}, {ceil_div(n, threads)} blocks of {threads} "
-          f"= {ceil_div(n, threads) * threads} threads ({'simulator' if is_simulator() else 'GPU'}):")
+    print(
+        f"fill_index_unchecked, n = {n}, {ceil_div(n, threads)} blocks of {threads} "
+        f"= {ceil_div(n, threads) * threads} threads ({'simulator' if is_simulator() else 'GPU'}):"
+    )
     outcome = launch_without_bounds_check(n, threads)
     print(f"  {outcome}")
     expected = "IndexError" if is_simulator() else "no error raised; "

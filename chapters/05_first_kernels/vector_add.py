@@ -86,8 +86,9 @@ def add_grid_stride(a, b, out, blocks, threads_per_block=256):
 
 def main(argv=None):
     parser = script_parser(__doc__, "05_first_kernels")
-    parser.add_argument("--n", type=int, default=pick(gpu=1 << 26, simulator=1000),
-                        help="elements a vector")
+    parser.add_argument(
+        "--n", type=int, default=pick(gpu=1 << 26, simulator=1000), help="elements a vector"
+    )
     args = parser.parse_args(argv)
     n = args.n
     rng = np.random.default_rng(0)
@@ -105,23 +106,37 @@ def main(argv=None):
     np_ms = cpu_ms(partial(np.add, a_host, b_host, out=out_np), repeats=5)
     check(out_np, reference, tol=1e-6, name="numpy")
     moved = f"{nbytes / 1e6:.1f} MB" if nbytes >= 1e6 else f"{nbytes:,} bytes"
-    print(f"vector add, n = {n:,} float32 ({moved} moved per call); every version is checked "
-          "against the float64 reference (rel. error <= 1e-6)")
+    print(
+        f"vector add, n = {n:,} float32 ({moved} moved per call); every version is checked "
+        "against the float64 reference (rel. error <= 1e-6)"
+    )
     print(f"  CPU python loop : {py_ms:10.2f} ms (timed on {m:,} elements, scaled)")
     print(f"  CPU numpy       : {np_ms:10.3f} ms  {nbytes / np_ms / 1e6:8.1f} GB/s")
 
     peaks = device_peaks()
     blocks = 8 * sm_count()  # enough resident blocks to keep every SM's memory pipe busy
-    versions = {f"2 naive, block {threads}": partial(add_naive, threads_per_block=threads)
-                for threads in (128, 256, 1024)}
+    versions = {
+        f"2 naive, block {threads}": partial(add_naive, threads_per_block=threads)
+        for threads in (128, 256, 1024)
+    }
     versions[f"3 grid-stride, {blocks}x256"] = partial(add_grid_stride, blocks=blocks)
     title = "vector add, kernels" + ("" if is_simulator() else f" on {peaks['device']}")
-    results = run_versions(versions, (cuda.to_device(a_host), cuda.to_device(b_host)),
-                           reference, n, np.float32, tol=1e-6, nbytes=nbytes,
-                           title=title, peaks=peaks)
+    results = run_versions(
+        versions,
+        (cuda.to_device(a_host), cuda.to_device(b_host)),
+        reference,
+        n,
+        np.float32,
+        tol=1e-6,
+        nbytes=nbytes,
+        title=title,
+        peaks=peaks,
+    )
     if results[0].measured:
-        print(f"%copy: share of the device's copy bandwidth, {peaks['copy_gbps']:,.0f} GB/s "
-              "(vector add's speed of light)")
+        print(
+            f"%copy: share of the device's copy bandwidth, {peaks['copy_gbps']:,.0f} GB/s "
+            "(vector add's speed of light)"
+        )
     else:
         print(readme_figures(__file__).format())
     save_results(results, args.out, "vector_add", n=n, cpu_python_ms=py_ms, cpu_numpy_ms=np_ms)

@@ -17,8 +17,16 @@ from common.timing import Timing, device_peaks, format_table
 
 from pathlib import Path
 
-PATTERNS = ["shared_memory", "transpose", "reduction", "histogram", "scan", "stencil",
-            "softmax", "fusion"]
+PATTERNS = [
+    "shared_memory",
+    "transpose",
+    "reduction",
+    "histogram",
+    "scan",
+    "stencil",
+    "softmax",
+    "fusion",
+]
 # pattern -> which result names count for the 80%-of-copy bar (the best of them)
 BAR = {
     "transpose": lambda name: name.startswith("transpose v") and "copy" not in name,
@@ -51,13 +59,15 @@ def bar_report(by_pattern: dict[str, list[Timing]]) -> list[dict]:
         cands = [r for r in by_pattern[pattern] if qualifies(r.name)]
         measured = [r for r in cands if r.fraction_of_copy_peak is not None]
         best = max(measured, key=lambda r: r.fraction_of_copy_peak) if measured else None
-        rows.append({
-            "pattern": pattern,
-            "best_version": best.name if best else None,
-            "gbps": best.gbps if best else None,
-            "fraction_of_copy": best.fraction_of_copy_peak if best else None,
-            "meets_bar": (best.fraction_of_copy_peak >= BAR_FRACTION) if best else None,
-        })
+        rows.append(
+            {
+                "pattern": pattern,
+                "best_version": best.name if best else None,
+                "gbps": best.gbps if best else None,
+                "fraction_of_copy": best.fraction_of_copy_peak if best else None,
+                "meets_bar": (best.fraction_of_copy_peak >= BAR_FRACTION) if best else None,
+            }
+        )
     return rows
 
 
@@ -77,8 +87,10 @@ def plot(results: list[Timing], path: Path, device: str) -> None:
     ax.axvline(100 * BAR_FRACTION, color="tab:red", linestyle="--", label="80% of copy")
     ax.set_xlabel("% of measured device-to-device copy bandwidth (minimum bytes moved)")
     measured = any(r.measured for r in results)
-    ax.set_title(f"chapter 06 memory patterns on {device}" + ("" if measured else
-                                                              " (simulator: not measured)"))
+    ax.set_title(
+        f"chapter 06 memory patterns on {device}"
+        + ("" if measured else " (simulator: not measured)")
+    )
     ax.legend(loc="lower right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,10 +101,14 @@ def plot(results: list[Timing], path: Path, device: str) -> None:
 
 def main(argv=None) -> None:
     parser = script_parser(__doc__, "06_memory")
-    parser.add_argument("--only", default=",".join(PATTERNS),
-                        help=f"comma-separated subset of {','.join(PATTERNS)}")
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes: check that every version runs, time nothing useful")
+    parser.add_argument(
+        "--only", default=",".join(PATTERNS), help=f"comma-separated subset of {','.join(PATTERNS)}"
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes: check that every version runs, time nothing useful",
+    )
     args = parser.parse_args(argv)
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = set(chosen) - set(PATTERNS)

@@ -24,14 +24,14 @@ import math  # noqa: F401  (6.10 needs math.exp)
 import numpy as np
 from numba import cuda, float32, int32  # noqa: F401
 
-BLOCK = 64     # threads per block in every 1-D exercise (a power of two)
-TILE = 16      # transpose tile edge
-ROWS = 4       # transpose block is TILE x ROWS threads
-NBINS = 16     # histogram bins (few bins: many threads collide)
-RADIUS = 2     # stencil halo width
+BLOCK = 64  # threads per block in every 1-D exercise (a power of two)
+TILE = 16  # transpose tile edge
+ROWS = 4  # transpose block is TILE x ROWS threads
+NBINS = 16  # histogram bins (few bins: many threads collide)
+RADIUS = 2  # stencil halo width
 # shared array shapes must be compile-time constants (module-level ints), never
 # `TILE + 1` computed inside a kernel: the GPU compiler refuses that
-TILE_PADDED = TILE + 1           # transpose tile row: one spare column
+TILE_PADDED = TILE + 1  # transpose tile row: one spare column
 HALO_BLOCK = BLOCK + 2 * RADIUS  # stencil tile: the block's slice plus both halos
 ZERO = np.float32(0.0)
 ONE = np.float32(1.0)
@@ -331,8 +331,9 @@ def stencil_1d(x, w, out):
     raise NotImplementedError("Exercise 6.9: 1-D stencil with halo")
     x = require_device_array(x, "x", ndim=1, dtype=np.float32)
     if out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
-        raise ValueError(f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got "
-                         f"{x.shape}, {out.shape}, {w.shape}")
+        raise ValueError(
+            f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got {x.shape}, {out.shape}, {w.shape}"
+        )
     stencil_kernel[ceil_div(x.size, BLOCK), BLOCK](x, w, out)
 
 

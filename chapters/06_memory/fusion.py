@@ -97,8 +97,10 @@ def _vectors(a, b, c, out):
         TypeError: not float32 device arrays.
         ValueError: not 1-D, or not of one length.
     """
-    arrays = [require_device_array(v, name, ndim=1, dtype=np.float32)
-              for v, name in zip((a, b, c, out), ("a", "b", "c", "out"))]
+    arrays = [
+        require_device_array(v, name, ndim=1, dtype=np.float32)
+        for v, name in zip((a, b, c, out), ("a", "b", "c", "out"))
+    ]
     if len({v.size for v in arrays}) != 1:
         raise ValueError(f"a, b, c, out must have one length, got {[v.size for v in arrays]}")
     return arrays
@@ -144,9 +146,13 @@ def run(n: int | None = None) -> list:
             "fusion v3 fused grid-stride": fused_grid_stride,
         },
         (a, b, c),
-        reference=sigmoid_fma_cpu(*hosts), out_shape=n, tol=1e-6, nbytes=16 * n,
+        reference=sigmoid_fma_cpu(*hosts),
+        out_shape=n,
+        tol=1e-6,
+        nbytes=16 * n,
         title=f"sigmoid(a + b * c), n = {n} ({16 * n / 2**20:.0f} MiB minimum traffic)",
-        warmup=2, repeats=10,
+        warmup=2,
+        repeats=10,
     )
     for r in results:
         r.extra["bytes_moved"] = (32 if "unfused" in r.name else 16) * n

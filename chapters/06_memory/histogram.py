@@ -228,9 +228,15 @@ def run(n: int | None = None) -> list:
     for data_name, host in [("uniform", u), ("skewed", u**8)]:
         x = cuda.to_device(host)
         results += run_versions(
-            {f"histogram {name} ({data_name})": fn for name, fn in VERSIONS.items()}, (x,),
-            reference=histogram_cpu(host), out_shape=NBINS, out_dtype=np.int32,
-            nbytes=4 * n, print_table=False, warmup=2, repeats=10,
+            {f"histogram {name} ({data_name})": fn for name, fn in VERSIONS.items()},
+            (x,),
+            reference=histogram_cpu(host),
+            out_shape=NBINS,
+            out_dtype=np.int32,
+            nbytes=4 * n,
+            print_table=False,
+            warmup=2,
+            repeats=10,
         )
     print(format_table(results, title=f"histogram of {n} float32 into {NBINS} bins"))
     return results

@@ -304,7 +304,10 @@ def determinism_demo(n: int, runs: int = 5) -> dict:
     so a varying atomic order can change the last bits)."""
     x = cuda.to_device(np.random.default_rng(3).random(n, dtype=np.float32))
     distinct = {}
-    for name, fn in [("v5 atomic/block", reduce_grid_stride_atomic), ("v6 two-pass", reduce_two_pass)]:
+    for name, fn in [
+        ("v5 atomic/block", reduce_grid_stride_atomic),
+        ("v6 two-pass", reduce_two_pass),
+    ]:
         seen = set()
         for _ in range(runs):
             out = cuda.device_array(1, np.float32)
@@ -325,21 +328,37 @@ def run(n: int | None = None) -> list:
     x = cuda.to_device(x_host)
     title = f"reduction of {n} float32 ({4 * n / 2**20:.0f} MiB)"
     results = run_versions(
-        SUM_VERSIONS, (x,), reference=reduce_sum_cpu(x_host), out_shape=1, tol=0.0,
-        nbytes=4 * n, print_table=False, warmup=2, repeats=10,
+        SUM_VERSIONS,
+        (x,),
+        reference=reduce_sum_cpu(x_host),
+        out_shape=1,
+        tol=0.0,
+        nbytes=4 * n,
+        print_table=False,
+        warmup=2,
+        repeats=10,
     )
     results += run_versions(
-        {"reduce max grid-stride, atomic/block": reduce_max}, (x,),
-        reference=np.array([9.0]), out_shape=1, tol=0.0, nbytes=4 * n,
-        print_table=False, warmup=2, repeats=10,
+        {"reduce max grid-stride, atomic/block": reduce_max},
+        (x,),
+        reference=np.array([9.0]),
+        out_shape=1,
+        tol=0.0,
+        nbytes=4 * n,
+        print_table=False,
+        warmup=2,
+        repeats=10,
     )
     print(format_table(results, title=title))
     demo = determinism_demo(pick(gpu=1 << 24, simulator=BLOCK + 5), runs=pick(gpu=5, simulator=2))
     print(f"distinct results over repeated runs on random floats: {demo}")
     for r in results:
         r.extra["distinct_results"] = demo.get(
-            {"reduce v5 grid-stride, atomic/block": "v5 atomic/block",
-             "reduce v6 two-pass, last block": "v6 two-pass"}.get(r.name, ""))
+            {
+                "reduce v5 grid-stride, atomic/block": "v5 atomic/block",
+                "reduce v6 two-pass, last block": "v6 two-pass",
+            }.get(r.name, "")
+        )
     return results
 
 

@@ -147,8 +147,13 @@ def run(n: int | None = None) -> list:
             "scan v2 Blelloch": functools.partial(scan, scan_blelloch),
         },
         (x,),
-        reference=scan_cpu(x_host), out_shape=n, out_dtype=np.int32, nbytes=8 * n,
-        title=f"inclusive scan of {n} int32", warmup=2, repeats=10,
+        reference=scan_cpu(x_host),
+        out_shape=n,
+        out_dtype=np.int32,
+        nbytes=8 * n,
+        title=f"inclusive scan of {n} int32",
+        warmup=2,
+        repeats=10,
     )
 
 

@@ -146,20 +146,27 @@ def run(n: int | None = None) -> list:
             "shift-left smem + syncthreads": functools.partial(shift_left, shift_left_smem),
         },
         (x,),
-        reference=shift_left_cpu(x_host), out_shape=n - 1, tol=0.0,
-        nbytes=2 * 4 * (n - 1), title=f"shift left by one, n = {n}",
+        reference=shift_left_cpu(x_host),
+        out_shape=n - 1,
+        tol=0.0,
+        nbytes=2 * 4 * (n - 1),
+        title=f"shift left by one, n = {n}",
     )
     if is_simulator():
         print(f"version 2 in the simulator's race detector:\n  {race_report()}")
     trials = 5
     wrong = race_demo(trials=trials)
     runs_wrong = sum(w > 0 for w in wrong)
-    print(f"shift-left smem WITHOUT syncthreads ({common.runtime_name()}, "
-          f"{BLOCK}-thread blocks): wrong in {runs_wrong} of {trials} runs; "
-          f"wrong outputs per run: {wrong}")
+    print(
+        f"shift-left smem WITHOUT syncthreads ({common.runtime_name()}, "
+        f"{BLOCK}-thread blocks): wrong in {runs_wrong} of {trials} runs; "
+        f"wrong outputs per run: {wrong}"
+    )
     if runs_wrong == 0:
-        print("  (no run went wrong this time, yet the race is still there: it shows only "
-              "when one warp reads a slot before another warp has written it)")
+        print(
+            "  (no run went wrong this time, yet the race is still there: it shows only "
+            "when one warp reads a slot before another warp has written it)"
+        )
     return results
 
 

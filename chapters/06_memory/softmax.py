@@ -129,8 +129,11 @@ def softmax_block_row_online(x, out):
         v2 = x[r, j + 2 * BLOCK]
         v3 = x[r, j + 3 * BLOCK]
         m_new = max(max(m, max(v0, v1)), max(v2, v3))
-        s = s * math.exp(m - m_new) + (math.exp(v0 - m_new) + math.exp(v1 - m_new)) + (
-            math.exp(v2 - m_new) + math.exp(v3 - m_new))
+        s = (
+            s * math.exp(m - m_new)
+            + (math.exp(v0 - m_new) + math.exp(v1 - m_new))
+            + (math.exp(v2 - m_new) + math.exp(v3 - m_new))
+        )
         m = m_new
         j += 4 * BLOCK
     while j < cols:
@@ -244,9 +247,14 @@ def run(shape: tuple[int, int] | None = None) -> list:
         "softmax v4 block a row, row in registers": softmax_block_row_registers,
     }
     return run_versions(
-        {name: functools.partial(softmax, kernel) for name, kernel in versions.items()}, (x,),
-        reference=softmax_cpu(x_host), out_shape=(rows, cols), tol=1e-5,
-        nbytes=2 * 4 * rows * cols, warmup=2, repeats=10,
+        {name: functools.partial(softmax, kernel) for name, kernel in versions.items()},
+        (x,),
+        reference=softmax_cpu(x_host),
+        out_shape=(rows, cols),
+        tol=1e-5,
+        nbytes=2 * 4 * rows * cols,
+        warmup=2,
+        repeats=10,
         title=f"softmax {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)",
     )
 

@@ -27,29 +27,32 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-BLOCK = 256   # 1-D: threads per block = outputs per block
-RADIUS = 3    # 1-D halo width
-TILE = 16     # 2-D: outputs per block along each axis (16 x 16 threads)
-R2 = 2        # 2-D halo width
+BLOCK = 256  # 1-D: threads per block = outputs per block
+RADIUS = 3  # 1-D halo width
+TILE = 16  # 2-D: outputs per block along each axis (16 x 16 threads)
+R2 = 2  # 2-D halo width
 # shared array shapes must be compile-time constants, so the haloed tile sizes are
 # module-level ints (`BLOCK + 2 * RADIUS` inside a kernel would be a runtime int64)
 HALO_BLOCK = BLOCK + 2 * RADIUS  # 1-D: a block's inputs plus both halos
-HALO_TILE = TILE + 2 * R2        # 2-D: edge of the haloed tile
+HALO_TILE = TILE + 2 * R2  # 2-D: edge of the haloed tile
 ZERO = np.float32(0.0)
 
 
 def stencil_1d_cpu(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """1-D stencil in float64, zero padding."""
     xp = np.pad(x.astype(np.float64), RADIUS)
-    return sum(w[k] * xp[k:k + x.size] for k in range(2 * RADIUS + 1))
+    return sum(w[k] * xp[k : k + x.size] for k in range(2 * RADIUS + 1))
 
 
 def conv2d_cpu(img: np.ndarray, w: np.ndarray) -> np.ndarray:
     """2-D 'same' correlation in float64, zero padding."""
     h, wd = img.shape
     p = np.pad(img.astype(np.float64), R2)
-    return sum(w[dy, dx] * p[dy:dy + h, dx:dx + wd]
-               for dy in range(2 * R2 + 1) for dx in range(2 * R2 + 1))
+    return sum(
+        w[dy, dx] * p[dy : dy + h, dx : dx + wd]
+        for dy in range(2 * R2 + 1)
+        for dx in range(2 * R2 + 1)
+    )
 
 
 # version 1 (1-D): 2R + 1 global loads an output
@@ -136,11 +139,14 @@ def stencil_1d(kernel, x, w, out) -> None:
         TypeError: not float32 device arrays.
         ValueError: the wrong shapes.
     """
-    x, w, out = (require_device_array(a, name, ndim=1, dtype=np.float32)
-                 for a, name in zip((x, w, out), ("x", "w", "out")))
+    x, w, out = (
+        require_device_array(a, name, ndim=1, dtype=np.float32)
+        for a, name in zip((x, w, out), ("x", "w", "out"))
+    )
     if out.shape != x.shape or w.shape != (2 * RADIUS + 1,):
-        raise ValueError(f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got "
-                         f"{x.shape}, {out.shape}, {w.shape}")
+        raise ValueError(
+            f"need x (n,), out (n,), w ({2 * RADIUS + 1},); got {x.shape}, {out.shape}, {w.shape}"
+        )
     kernel[ceil_div(x.size, BLOCK), BLOCK](x, w, out)
 
 
@@ -151,12 +157,15 @@ def conv2d(kernel, img, w, out) -> None:
         TypeError: not float32 device arrays.
         ValueError: the wrong shapes.
     """
-    img, w, out = (require_device_array(a, name, ndim=2, dtype=np.float32)
-                   for a, name in zip((img, w, out), ("img", "w", "out")))
+    img, w, out = (
+        require_device_array(a, name, ndim=2, dtype=np.float32)
+        for a, name in zip((img, w, out), ("img", "w", "out"))
+    )
     k = 2 * R2 + 1
     if out.shape != img.shape or w.shape != (k, k):
-        raise ValueError(f"need img (h, w), out (h, w), w ({k}, {k}); got "
-                         f"{img.shape}, {out.shape}, {w.shape}")
+        raise ValueError(
+            f"need img (h, w), out (h, w), w ({k}, {k}); got {img.shape}, {out.shape}, {w.shape}"
+        )
     grid = (ceil_div(img.shape[1], TILE), ceil_div(img.shape[0], TILE))
     kernel[grid, (TILE, TILE)](img, w, out)
 
@@ -178,8 +187,13 @@ def run(n: int | None = None, shape: tuple[int, int] | None = None) -> list:
             "stencil 1d v2 smem halo": functools.partial(stencil_1d, stencil_1d_smem),
         },
         (x, w1),
-        reference=stencil_1d_cpu(x_host, w1_host), out_shape=n, tol=1e-5, nbytes=8 * n,
-        print_table=False, warmup=2, repeats=10,
+        reference=stencil_1d_cpu(x_host, w1_host),
+        out_shape=n,
+        tol=1e-5,
+        nbytes=8 * n,
+        print_table=False,
+        warmup=2,
+        repeats=10,
     )
     results += run_versions(
         {
@@ -187,8 +201,13 @@ def run(n: int | None = None, shape: tuple[int, int] | None = None) -> list:
             "conv2d 5x5 v2 smem halo": functools.partial(conv2d, conv2d_smem),
         },
         (img, w2),
-        reference=conv2d_cpu(img_host, w2_host), out_shape=(h, wd), tol=1e-5,
-        nbytes=8 * h * wd, print_table=False, warmup=2, repeats=10,
+        reference=conv2d_cpu(img_host, w2_host),
+        out_shape=(h, wd),
+        tol=1e-5,
+        nbytes=8 * h * wd,
+        print_table=False,
+        warmup=2,
+        repeats=10,
     )
     print(format_table(results, title=f"stencils: 1-D n = {n}, 2-D {h} x {wd}"))
     return results

@@ -36,7 +36,7 @@ import numpy as np
 from numba import cuda, float32, uint64
 
 TILE = 32  # tile edge: one warp spans a tile row, so a tile row is one 128-byte line
-ROWS = 8   # threads per block along y; each thread copies TILE // ROWS rows
+ROWS = 8  # threads per block along y; each thread copies TILE // ROWS rows
 # shared array shapes must be compile-time constants: a module-level int, not
 # `TILE + 1` computed inside the kernel (Numba types that as a runtime int64)
 TILE_PADDED = TILE + 1  # one spare column: a tile column spans all 32 banks
@@ -193,24 +193,36 @@ def run(shape: tuple[int, int] | None = None) -> list:
     nbytes = 2 * 4 * rows * cols
     title = f"transpose {rows} x {cols} float32 ({4 * rows * cols / 2**20:.0f} MiB)"
     results = run_versions(
-        {"transpose v0 copy (speed of light)": functools.partial(transpose, copy_2d),
-         "transpose v0w copy, loads first, unsigned":
-             functools.partial(transpose, copy_2d_loads_first)},
+        {
+            "transpose v0 copy (speed of light)": functools.partial(transpose, copy_2d),
+            "transpose v0w copy, loads first, unsigned": functools.partial(
+                transpose, copy_2d_loads_first
+            ),
+        },
         (a,),
-        reference=a_host.astype(np.float64), out_shape=(rows, cols), tol=0.0,
-        nbytes=nbytes, title=title, print_table=False,
+        reference=a_host.astype(np.float64),
+        out_shape=(rows, cols),
+        tol=0.0,
+        nbytes=nbytes,
+        title=title,
+        print_table=False,
     )
     results += run_versions(
         {
             "transpose v1 naive": functools.partial(transpose, transpose_naive),
             "transpose v2 smem tile": functools.partial(transpose, transpose_smem),
             "transpose v3 smem tile 32x33": functools.partial(transpose, transpose_smem_padded),
-            "transpose v4 smem tile 32x33, unsigned":
-                functools.partial(transpose, transpose_smem_unsigned),
+            "transpose v4 smem tile 32x33, unsigned": functools.partial(
+                transpose, transpose_smem_unsigned
+            ),
         },
         (a,),
-        reference=transpose_cpu(a_host), out_shape=(cols, rows), tol=0.0,
-        nbytes=nbytes, title=title, print_table=False,
+        reference=transpose_cpu(a_host),
+        out_shape=(cols, rows),
+        tol=0.0,
+        nbytes=nbytes,
+        title=title,
+        print_table=False,
     )
     print(format_table(results, title=title))
     return results

@@ -44,8 +44,9 @@ def transpose_trick(a, b):
 
 def main(argv=None):
     parser = script_parser(__doc__, "07_libraries")
-    parser.add_argument("--n", type=int, default=pick(gpu=4096, simulator=16),
-                        help="matrix size n (n x n @ n x n)")
+    parser.add_argument(
+        "--n", type=int, default=pick(gpu=4096, simulator=16), help="matrix size n (n x n @ n x n)"
+    )
     args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     n = args.n
@@ -55,15 +56,19 @@ def main(argv=None):
     c = cuda.device_array((n, n), np.float32)
 
     sol.matmul_torch_zero_copy(a, b, c)
-    print(f"zero-copy torch.matmul on Numba arrays {n}x{n}: rel error "
-          f"{check(c, ref, tol=1e-4, name='sgemm'):.2e}")
+    print(
+        f"zero-copy torch.matmul on Numba arrays {n}x{n}: rel error "
+        f"{check(c, ref, tol=1e-4, name='sgemm'):.2e}"
+    )
     check(transpose_trick(a_h, b_h), ref, tol=1e-4, name="transpose trick")
     print("transpose trick (C^T = B^T A^T on the same buffers): matches")
 
     results, meta = [], {}
     if not gpu_torch():
-        print("SKIPPED: cuBLAS timings, TF32, GEMV and batched GEMM on the GPU "
-              "(needs a GPU and CUDA torch)")
+        print(
+            "SKIPPED: cuBLAS timings, TF32, GEMV and batched GEMM on the GPU "
+            "(needs a GPU and CUDA torch)"
+        )
     else:
         peaks = device_peaks()
         ta, tb = (torch.as_tensor(x, device="cuda") for x in (a, b))
@@ -73,31 +78,54 @@ def main(argv=None):
             torch.backends.cuda.matmul.allow_tf32 = tf32
             torch.matmul(ta, tb, out=tc)
             err = rel_error(tc, ref)
-            t = benchmark(partial(torch.matmul, ta, tb, out=tc),
-                          f"SGEMM {n} TF32 {'on' if tf32 else 'off'}", flops=flops, peaks=peaks)
+            t = benchmark(
+                partial(torch.matmul, ta, tb, out=tc),
+                f"SGEMM {n} TF32 {'on' if tf32 else 'off'}",
+                flops=flops,
+                peaks=peaks,
+            )
             t.extra["rel_error"] = err
             meta[f"rel_error_tf32_{'on' if tf32 else 'off'}"] = err
             results.append(t)
         torch.backends.cuda.matmul.allow_tf32 = False
         x = torch.randn(n, device="cuda")
         y = torch.empty(n, device="cuda")
-        results.append(benchmark(partial(torch.mv, ta, x, out=y), f"GEMV {n}",
-                                 nbytes=4 * (n * n + 2 * n), flops=2 * n * n, peaks=peaks))
+        results.append(
+            benchmark(
+                partial(torch.mv, ta, x, out=y),
+                f"GEMV {n}",
+                nbytes=4 * (n * n + 2 * n),
+                flops=2 * n * n,
+                peaks=peaks,
+            )
+        )
         bs, s = 64, 256
         xa, xb = torch.randn(bs, s, s, device="cuda"), torch.randn(bs, s, s, device="cuda")
         xc = torch.empty(bs, s, s, device="cuda")
-        results.append(benchmark(partial(torch.bmm, xa, xb, out=xc), f"batched GEMM {bs}x{s}^3",
-                                 flops=2 * bs * s**3, peaks=peaks))
+        results.append(
+            benchmark(
+                partial(torch.bmm, xa, xb, out=xc),
+                f"batched GEMM {bs}x{s}^3",
+                flops=2 * bs * s**3,
+                peaks=peaks,
+            )
+        )
 
         def separate_gemms():
             for i in range(bs):
                 torch.mm(xa[i], xb[i], out=xc[i])
 
-        results.append(benchmark(separate_gemms, f"{bs} separate GEMMs {s}^3",
-                                 flops=2 * bs * s**3, peaks=peaks))
+        results.append(
+            benchmark(
+                separate_gemms, f"{bs} separate GEMMs {s}^3", flops=2 * bs * s**3, peaks=peaks
+            )
+        )
         print(format_table(results, title="cuBLAS through torch"))
-        print("TF32 relative error: off {rel_error_tf32_off:.2e}, on {rel_error_tf32_on:.2e}"
-              .format(**meta))
+        print(
+            "TF32 relative error: off {rel_error_tf32_off:.2e}, on {rel_error_tf32_on:.2e}".format(
+                **meta
+            )
+        )
     save_results(results, args.out, "cublas", n=n, **meta)
     return 0
 

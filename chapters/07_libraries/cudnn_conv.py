@@ -33,7 +33,7 @@ def conv2d_reference(x, w):
     x64, w64 = x.astype(np.float64), w.astype(np.float64)
     for i in range(r):
         for j in range(s):
-            patch = x64[:, :, i:i + h - r + 1, j:j + wd - s + 1]
+            patch = x64[:, :, i : i + h - r + 1, j : j + wd - s + 1]
             # (K, C) . (N, C, H', W') over C, through BLAS: -> (K, N, H', W')
             out += np.tensordot(w64[:, :, i, j], patch, axes=([1], [1])).transpose(1, 0, 2, 3)
     return out
@@ -76,8 +76,9 @@ def main(argv=None):
     conv2d_direct_launch(x, w, y)
     check(y, ref, tol=1e-5, name="conv2d_direct")
     flops = 2 * ref.size * c * r * r
-    results = [benchmark(partial(conv2d_direct_launch, x, w, y), "1 conv2d_direct (ours)",
-                         flops=flops)]
+    results = [
+        benchmark(partial(conv2d_direct_launch, x, w, y), "1 conv2d_direct (ours)", flops=flops)
+    ]
     if is_simulator() or not torch.cuda.is_available():
         out = F.conv2d(torch.from_numpy(x_h), torch.from_numpy(w_h))
         check(out, ref, tol=1e-5, name="F.conv2d (CPU)")
@@ -89,8 +90,13 @@ def main(argv=None):
             torch.backends.cudnn.benchmark = bench
             # 1e-4: cuDNN may pick FFT or Winograd algorithms, which round differently.
             check(F.conv2d(tx, tw), ref, tol=1e-4, name=f"cuDNN benchmark={bench}")
-            results.append(benchmark(partial(F.conv2d, tx, tw),
-                                     f"{2 + bench} F.conv2d cudnn.benchmark={bench}", flops=flops))
+            results.append(
+                benchmark(
+                    partial(F.conv2d, tx, tw),
+                    f"{2 + bench} F.conv2d cudnn.benchmark={bench}",
+                    flops=flops,
+                )
+            )
     print(format_table(results, title=f"conv2d NCHW x{(n, c, h, wd)} w{(k, c, r, r)}"))
     save_results(results, args.out, "cudnn_conv")
     return 0

@@ -43,8 +43,9 @@ def wrap_for_numba(t):
     if is_simulator():
         return cuda.to_device(t.numpy())
     if not t.is_cuda:
-        raise ValueError(f"tensor is on {t.device}; move it first with t.cuda() "
-                         "(a Numba view needs GPU memory)")
+        raise ValueError(
+            f"tensor is on {t.device}; move it first with t.cuda() (a Numba view needs GPU memory)"
+        )
     return cuda.as_cuda_array(t)
 
 
@@ -91,8 +92,11 @@ def main(argv=None):
         us_numba = per_launch_us(partial(scale2[grid, 256], xn, yn))
         us_torch = per_launch_us(partial(scale2[grid, 256], xt, yt))
         us_op = per_launch_us(partial(torch.mul, xt, 2, out=yt))
-        for name, us in (("launch, Numba device arrays", us_numba),
-                         ("launch, torch tensors", us_torch), ("torch.mul (one torch op)", us_op)):
+        for name, us in (
+            ("launch, Numba device arrays", us_numba),
+            ("launch, torch tensors", us_torch),
+            ("torch.mul (one torch op)", us_op),
+        ):
             print(f"pitfall 3: {name:<30} {us:6.1f} us per call")
             results.append(Timing(name=name, median_ms=us / 1e3, extra={"us_per_call": us}))
     save_results(results, args.out, "interop")

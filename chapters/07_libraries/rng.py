@@ -26,8 +26,9 @@ sol = import_sibling(__file__, "solutions")
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=pick(gpu=1 << 18, simulator=200),
-                        help="numbers to draw")
+    parser.add_argument(
+        "--n", type=int, default=pick(gpu=1 << 18, simulator=200), help="numbers to draw"
+    )
     args = parser.parse_args(argv)
     n = args.n
     first = sol.random_uniform(n, seed=42, block=128)
@@ -36,9 +37,11 @@ def main(argv=None):
     check(again, first, tol=0, name="same seed, other block size")
     if np.array_equal(first, other):
         raise CheckError("seeds 42 and 43 gave the same numbers")
-    print(f"xoroshiro128+: seed 42 reproduced exactly with another block size; "
-          f"seed 43 differs; mean {first.mean():.4f} (expect 0.5), "
-          f"min {first.min():.4f}, max {first.max():.4f}")
+    print(
+        f"xoroshiro128+: seed 42 reproduced exactly with another block size; "
+        f"seed 43 differs; mean {first.mean():.4f} (expect 0.5), "
+        f"min {first.min():.4f}, max {first.max():.4f}"
+    )
 
     device = "cuda" if (not is_simulator() and torch.cuda.is_available()) else "cpu"
     g = torch.Generator(device=device).manual_seed(42)
@@ -48,9 +51,13 @@ def main(argv=None):
     t1_again = torch.rand(n, device=device, generator=g)
     check(t1_again, t1, tol=0, name="torch same seed")
     if torch.equal(t1, t2):
-        raise CheckError("two draws from one torch.Generator were equal: its offset did not advance")
-    print(f"torch.Generator on {device}: re-seeding reproduces the numbers; a second draw "
-          f"continues the stream (offset {g.get_offset() if device == 'cuda' else 'n/a (CPU generator)'})")
+        raise CheckError(
+            "two draws from one torch.Generator were equal: its offset did not advance"
+        )
+    print(
+        f"torch.Generator on {device}: re-seeding reproduces the numbers; a second draw "
+        f"continues the stream (offset {g.get_offset() if device == 'cuda' else 'n/a (CPU generator)'})"
+    )
     return 0
 
 

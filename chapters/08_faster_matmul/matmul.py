@@ -584,11 +584,15 @@ def check_operands(a, b, c):
     c = require_device_array(c, "c", ndim=2, dtype=np.float32)
     for name, x in (("a", a), ("b", b), ("c", c)):
         if not x.is_c_contiguous():
-            raise ValueError(f"{name} must be C-contiguous (row-major): pass "
-                             f"cuda.to_device(np.ascontiguousarray({name}))")
+            raise ValueError(
+                f"{name} must be C-contiguous (row-major): pass "
+                f"cuda.to_device(np.ascontiguousarray({name}))"
+            )
     if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
-        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}; "
-                         "need a (M, K), b (K, N), c (M, N)")
+        raise ValueError(
+            f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}; "
+            "need a (M, K), b (K, N), c (M, N)"
+        )
     return a, b, c
 
 
@@ -624,11 +628,14 @@ def launch_unguarded(kernel, tile, a, b, c):
     m, n = c.shape
     k_total = a.shape[1]
     if m % tile.bm or n % tile.bn or k_total % tile.bk:
-        raise ValueError(f"the unguarded kernel needs M % {tile.bm} == N % {tile.bn} == "
-                         f"K % {tile.bk} == 0, got M={m} N={n} K={k_total}; use launch_fast "
-                         "(it falls back to version 9)")
+        raise ValueError(
+            f"the unguarded kernel needs M % {tile.bm} == N % {tile.bn} == "
+            f"K % {tile.bk} == 0, got M={m} N={n} K={k_total}; use launch_fast "
+            "(it falls back to version 9)"
+        )
     kernel[(n // tile.bn, m // tile.bm), tile.threads](
-        a.reshape(m * k_total), b.reshape(k_total * n), c.reshape(m * n), n, k_total)
+        a.reshape(m * k_total), b.reshape(k_total * n), c.reshape(m * n), n, k_total
+    )
 
 
 def launch_fast(unguarded, guarded, tile, a, b, c):
@@ -675,8 +682,13 @@ def make_matmul_fast(tile):
     so any M, N, K >= 1 works. ``kernels`` = (unguarded, guarded)."""
     unguarded = make_matmul_unguarded(tile)
     guarded = make_matmul_double_buffered(tile)
-    return Version(10, f"unguarded fast path {tile}", partial(launch_fast, unguarded, guarded, tile),
-                   (unguarded, guarded), tile)
+    return Version(
+        10,
+        f"unguarded fast path {tile}",
+        partial(launch_fast, unguarded, guarded, tile),
+        (unguarded, guarded),
+        tile,
+    )
 
 
 # Tile shapes per runtime: full size on a GPU; tiny in the simulator, which runs
@@ -711,19 +723,32 @@ def gpu_versions():
     v8 = make_matmul_transposed_a(SHAPE_8)
     v9 = make_matmul_double_buffered(SHAPE_8)
     return [
-        Version(3, "naive (x -> row)", partial(launch_one_per_thread, matmul_naive),
-                (matmul_naive,)),
-        Version(4, "coalesced (x -> col)", partial(launch_one_per_thread, matmul_coalesced),
-                (matmul_coalesced,)),
+        Version(
+            3, "naive (x -> row)", partial(launch_one_per_thread, matmul_naive), (matmul_naive,)
+        ),
+        Version(
+            4,
+            "coalesced (x -> col)",
+            partial(launch_one_per_thread, matmul_coalesced),
+            (matmul_coalesced,),
+        ),
         Version(5, f"smem tiled {TILE_5}x{TILE_5}", partial(launch_smem_tiled, v5, TILE_5), (v5,)),
-        Version(6, f"1D blocktile {SHAPE_6.bm}x{SHAPE_6.bn} BK{SHAPE_6.bk} TM{SHAPE_6.tm}",
-                partial(launch_blocktiled, v6, SHAPE_6), (v6,), SHAPE_6),
-        Version(7, f"2D blocktile {SHAPE_7}", partial(launch_blocktiled, v7, SHAPE_7), (v7,),
-                SHAPE_7),
-        Version(8, f"transposed A {SHAPE_8}", partial(launch_blocktiled, v8, SHAPE_8), (v8,),
-                SHAPE_8),
-        Version(9, f"double buffered {SHAPE_8}", partial(launch_blocktiled, v9, SHAPE_8), (v9,),
-                SHAPE_8),
+        Version(
+            6,
+            f"1D blocktile {SHAPE_6.bm}x{SHAPE_6.bn} BK{SHAPE_6.bk} TM{SHAPE_6.tm}",
+            partial(launch_blocktiled, v6, SHAPE_6),
+            (v6,),
+            SHAPE_6,
+        ),
+        Version(
+            7, f"2D blocktile {SHAPE_7}", partial(launch_blocktiled, v7, SHAPE_7), (v7,), SHAPE_7
+        ),
+        Version(
+            8, f"transposed A {SHAPE_8}", partial(launch_blocktiled, v8, SHAPE_8), (v8,), SHAPE_8
+        ),
+        Version(
+            9, f"double buffered {SHAPE_8}", partial(launch_blocktiled, v9, SHAPE_8), (v9,), SHAPE_8
+        ),
         make_matmul_fast(SHAPE_8),
     ]
 
@@ -737,9 +762,15 @@ def autotune(tiles, size, rng, repeats):
     a_h, b_h, a, b = random_operands(m, n, k, rng)
     candidates = {f"{t} mb{t.min_blocks}": make_matmul_fast(t) for t in tiles}
     best, results = tools.fastest(
-        {name: v.launcher for name, v in candidates.items()}, (a, b),
-        matmul_reference(a_h, b_h), (m, n), tol=TOL, flops=2 * m * n * k, repeats=repeats,
-        title=f"autotune v10 tile shapes at {m}x{n}x{k}")
+        {name: v.launcher for name, v in candidates.items()},
+        (a, b),
+        matmul_reference(a_h, b_h),
+        (m, n),
+        tol=TOL,
+        flops=2 * m * n * k,
+        repeats=repeats,
+        title=f"autotune v10 tile shapes at {m}x{n}x{k}",
+    )
     return replace(candidates[best], number=11, name=f"autotuned v10 {best}"), results
 
 
@@ -784,35 +815,66 @@ def run_size(size, versions, with_cublas, rng, peaks, quick):
         results.append(Timing(name="1 Python loops (CPU, checked, not timed)"))
     if m * n * k <= 2048**3:
         check(a_h @ b_h, ref, tol=TOL, name="2 NumPy")
-        results.append(Timing(name="2 NumPy (CPU, host clock)",
-                              median_ms=cpu_ms(partial(np.matmul, a_h, b_h)), flops=flops,
-                              repeats=3, peak_tflops=peaks.get("sgemm_tflops")))
+        results.append(
+            Timing(
+                name="2 NumPy (CPU, host clock)",
+                median_ms=cpu_ms(partial(np.matmul, a_h, b_h)),
+                flops=flops,
+                repeats=3,
+                peak_tflops=peaks.get("sgemm_tflops"),
+            )
+        )
     # One thread an output takes seconds a call from 2048 on: 1 warm-up, 3 timed runs.
-    timed = [(v.label, v.launcher, v.number in (3, 4) and m * n * k >= 2048**3)
-             for v in versions]
+    timed = [(v.label, v.launcher, v.number in (3, 4) and m * n * k >= 2048**3) for v in versions]
     if with_cublas:
         timed.append((tools.CUBLAS, tools.CublasSgemm(), False))
     for label, launcher, slow in timed:
         warmup, repeats = (1, 3) if slow or quick else (3, 20)
-        results += run_versions({label: launcher}, (a, b), ref, (m, n), np.float32, tol=TOL,
-                                flops=flops, nbytes=nbytes, warmup=warmup, repeats=repeats,
-                                peaks=peaks, print_table=False)
+        results += run_versions(
+            {label: launcher},
+            (a, b),
+            ref,
+            (m, n),
+            np.float32,
+            tol=TOL,
+            flops=flops,
+            nbytes=nbytes,
+            warmup=warmup,
+            repeats=repeats,
+            peaks=peaks,
+            print_table=False,
+        )
     return results
 
 
 def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
-    parser.add_argument("--sizes", type=tools.parse_sizes, default=None,
-                        help="comma list of N (square) or MxNxK; default 1024,2048,4096 "
-                             "on a GPU, 33x20x17 in the simulator")
-    parser.add_argument("--quick", action="store_true",
-                        help="one size (1024), 2 tile shapes for version 11, few repeats")
-    parser.add_argument("--tune-size", type=int, default=None,
-                        help="square size version 11 picks its tile at (default: the largest "
-                             "of --sizes, at most 4096; 1024 with --quick)")
-    parser.add_argument("--only", type=tools.parse_numbers, default=None,
-                        help="comma list of GPU versions (3-11) to run, e.g. 9,10,11; "
-                             "default all (versions 1-2 and cuBLAS always run)")
+    parser.add_argument(
+        "--sizes",
+        type=tools.parse_sizes,
+        default=None,
+        help="comma list of N (square) or MxNxK; default 1024,2048,4096 "
+        "on a GPU, 33x20x17 in the simulator",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="one size (1024), 2 tile shapes for version 11, few repeats",
+    )
+    parser.add_argument(
+        "--tune-size",
+        type=int,
+        default=None,
+        help="square size version 11 picks its tile at (default: the largest "
+        "of --sizes, at most 4096; 1024 with --quick)",
+    )
+    parser.add_argument(
+        "--only",
+        type=tools.parse_numbers,
+        default=None,
+        help="comma list of GPU versions (3-11) to run, e.g. 9,10,11; "
+        "default all (versions 1-2 and cuBLAS always run)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     args = parser.parse_args(argv)
 
@@ -822,10 +884,14 @@ def main(argv=None):
     peaks = device_peaks()
     device = peaks.get("device", "?")
     with_cublas = tools.cublas_available()
-    print(f"device: {device}; cuBLAS {'available' if with_cublas else 'NOT available'}"
-          + (" (simulator: correctness only)" if is_simulator() else ""))
-    print(f"every version is checked against the float64 product (relative error <= {TOL}), "
-          "then timed")
+    print(
+        f"device: {device}; cuBLAS {'available' if with_cublas else 'NOT available'}"
+        + (" (simulator: correctness only)" if is_simulator() else "")
+    )
+    print(
+        f"every version is checked against the float64 product (relative error <= {TOL}), "
+        "then timed"
+    )
 
     versions = [v for v in gpu_versions() if args.only is None or v.number in args.only]
     tuned_tile, tune_results = None, []
@@ -834,8 +900,12 @@ def main(argv=None):
         ts = args.tune_size or pick(gpu=1024 if args.quick else largest, simulator=None)
         # simulator: 32 x 16 x 24 divides both of its tile shapes
         tune_size = (ts, ts, ts) if ts else (32, 16, 24)
-        tuned, tune_results = autotune(TUNE_SHAPES[:2] if args.quick else TUNE_SHAPES,
-                                       tune_size, rng, repeats=5 if args.quick else 10)
+        tuned, tune_results = autotune(
+            TUNE_SHAPES[:2] if args.quick else TUNE_SHAPES,
+            tune_size,
+            rng,
+            repeats=5 if args.quick else 10,
+        )
         tuned_tile = asdict(tuned.tile)
         print(f"autotuner picked {tuned.tile} mb{tuned.tile.min_blocks}")
         versions.append(tuned)
@@ -848,18 +918,26 @@ def main(argv=None):
         all_results[size] = results
 
     # what the register tiles of versions 8-11 became (nothing in the simulator)
-    reports = [tools.compiler_report(kernel, v.label)
-               for v in versions if v.number >= 8 for kernel in v.kernels]
+    reports = [
+        tools.compiler_report(kernel, v.label)
+        for v in versions
+        if v.number >= 8
+        for kernel in v.kernels
+    ]
     tools.print_compiler_reports(reports)
 
     for size, results in all_results.items():
         for r in results:
             r.extra["size"] = list(size)
     flat = [r for results in all_results.values() for r in results]
-    save_results(flat + tune_results, args.out, "matmul",
-                 tuned_tile=tuned_tile,
-                 compiler=[r for r in reports if r],
-                 sgemm_peak_tflops=peaks.get("sgemm_tflops"))
+    save_results(
+        flat + tune_results,
+        args.out,
+        "matmul",
+        tuned_tile=tuned_tile,
+        compiler=[r for r in reports if r],
+        sgemm_peak_tflops=peaks.get("sgemm_tflops"),
+    )
     png = tools.plot(all_results, args.out / "matmul.png", device)
     if png:
         print(f"wrote {png}")

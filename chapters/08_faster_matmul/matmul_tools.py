@@ -35,7 +35,8 @@ def parse_sizes(text):
             parts *= 3
         if len(parts) != 3 or min(parts) < 1:
             raise argparse.ArgumentTypeError(
-                f"bad size {item!r}: use N or MxNxK with positive integers")
+                f"bad size {item!r}: use N or MxNxK with positive integers"
+            )
         sizes.append(tuple(parts))
     return sizes
 
@@ -101,8 +102,17 @@ def fastest(candidates, args, reference, out_shape, *, tol, flops, repeats, titl
     one's name, the list of Timing). In the simulator nothing is timed: every
     candidate is still checked and the first one is returned.
     Raises CheckError for a wrong candidate."""
-    results = run_versions(candidates, args, reference, out_shape, tol=tol, flops=flops,
-                           warmup=1, repeats=repeats, title=title)
+    results = run_versions(
+        candidates,
+        args,
+        reference,
+        out_shape,
+        tol=tol,
+        flops=flops,
+        warmup=1,
+        repeats=repeats,
+        title=title,
+    )
     timed = [r for r in results if r.measured]
     best = min(timed, key=lambda r: r.median_ms) if timed else results[0]
     return best.name, results
@@ -126,9 +136,11 @@ def compiler_report(kernel, label):
     # kernel.get_regs_per_thread() / get_local_mem_per_thread() /
     # get_shared_mem_per_block() give for a kernel with one signature.
     compiled = kernel.overloads[sig]
-    for key, attr in (("registers_per_thread", "regs_per_thread"),
-                      ("local_bytes_per_thread", "local_mem_per_thread"),
-                      ("shared_bytes_per_block", "shared_mem_per_block")):
+    for key, attr in (
+        ("registers_per_thread", "regs_per_thread"),
+        ("local_bytes_per_thread", "local_mem_per_thread"),
+        ("shared_bytes_per_block", "shared_mem_per_block"),
+    ):
         try:
             report[key] = getattr(compiled, attr)
         except Exception as exc:  # noqa: BLE001  (a driver query; report, don't fail)
@@ -140,8 +152,7 @@ def compiler_report(kernel, label):
     report["ptx_ld_shared_v2"] = len(re.findall(r"\bld\.shared\.v2\.f32\b", ptx))
     report["ptx_ld_local"] = len(re.findall(r"\bld\.local\b", ptx))
     report["ptx_st_local"] = len(re.findall(r"\bst\.local\b", ptx))
-    lines = [ln.strip() for ln in ptx.splitlines()
-             if "fma.rn.f32" in ln or "ld.shared" in ln]
+    lines = [ln.strip() for ln in ptx.splitlines() if "fma.rn.f32" in ln or "ld.shared" in ln]
     report["ptx_inner_loop_sample"] = lines[:12]
     return report
 
@@ -153,12 +164,16 @@ def print_compiler_reports(reports):
         return
     print("compiler report (what the register tiles became):")
     for report in reports:
-        print(f"  {report['kernel']}: {report['registers_per_thread']} registers/thread, "
-              f"{report['local_bytes_per_thread']} B local memory/thread (spills if > 0), "
-              f"{report['shared_bytes_per_block']} B shared/block")
-        print(f"    PTX: {report['ptx_fma_f32']} fma.rn.f32, {report['ptx_ld_shared_f32']} "
-              f"ld.shared.f32, {report['ptx_ld_shared_v4']} ld.shared.v4.f32, "
-              f"{report['ptx_ld_local']} ld.local / {report['ptx_st_local']} st.local")
+        print(
+            f"  {report['kernel']}: {report['registers_per_thread']} registers/thread, "
+            f"{report['local_bytes_per_thread']} B local memory/thread (spills if > 0), "
+            f"{report['shared_bytes_per_block']} B shared/block"
+        )
+        print(
+            f"    PTX: {report['ptx_fma_f32']} fma.rn.f32, {report['ptx_ld_shared_f32']} "
+            f"ld.shared.f32, {report['ptx_ld_shared_v4']} ld.shared.v4.f32, "
+            f"{report['ptx_ld_local']} ld.local / {report['ptx_st_local']} st.local"
+        )
         for ln in report["ptx_inner_loop_sample"][:6]:
             print(f"      {ln}")
 
@@ -226,11 +241,11 @@ def plot(all_results, path, device):
     for s_i, size in enumerate(sizes):
         by_name = {r.name: r.tflops for r in all_results[size]}
         xs = [i + s_i * width for i in range(len(names))]
-        ax.bar(xs, [by_name.get(nm) or 0 for nm in names], width,
-               label="x".join(map(str, size)))
+        ax.bar(xs, [by_name.get(nm) or 0 for nm in names], width, label="x".join(map(str, size)))
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
-    ax.set_xticklabels([nm.split(" (")[0][:28] for nm in names], rotation=35, ha="right",
-                       fontsize=8)
+    ax.set_xticklabels(
+        [nm.split(" (")[0][:28] for nm in names], rotation=35, ha="right", fontsize=8
+    )
     ax.set_ylabel("TFLOP/s (FP32)")
     ax.set_yscale("log")
     ax.set_title(f"SGEMM versions vs cuBLAS on {device}")

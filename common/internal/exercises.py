@@ -115,7 +115,9 @@ def describe_load_error(path: Path, exc: BaseException) -> str:
         where, text = f"{rel}:{exc.lineno}", exc.text
         message = f"{type(exc).__name__}: {exc.msg}"
     else:
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if _same_file(f.filename, path)]
+        frames = [
+            f for f in traceback.extract_tb(exc.__traceback__) if _same_file(f.filename, path)
+        ]
         where = f"{rel}:{frames[-1].lineno}" if frames else rel
         text = frames[-1].line if frames else None
         message = f"{type(exc).__name__}: {exc}"
@@ -132,9 +134,11 @@ def _enclosing_function(path: Path, line: int) -> ast.FunctionDef | ast.AsyncFun
         return None
     best = None
     for node in ast.walk(tree):
-        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and node.lineno <= line <= (node.end_lineno or node.lineno)
-                and (best is None or node.lineno > best.lineno)):
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.lineno <= line <= (node.end_lineno or node.lineno)
+            and (best is None or node.lineno > best.lineno)
+        ):
             best = node
     return best
 
@@ -143,13 +147,19 @@ def _raise_hint(path: Path, line: int) -> str:
     where = f"{_relative(path)}:{line}"
     fn = _enclosing_function(path, line)
     body = list(fn.body) if fn is not None else []
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0].value, "value", None), str):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(getattr(body[0].value, "value", None), str)
+    ):
         body = body[1:]  # the docstring
     # Code above the raise is the learner's; code below it can be the stub's own
     # template (a launch line to complete), so only code above means "written".
     written = [s for s in body if not isinstance(s, ast.Pass) and (s.end_lineno or s.lineno) < line]
     if written:
-        return f"{where} still raises NotImplementedError: delete that line once your code is written"
+        return (
+            f"{where} still raises NotImplementedError: delete that line once your code is written"
+        )
     return f"{where} raises NotImplementedError: replace that line with your code"
 
 
@@ -168,8 +178,11 @@ def pending_raise(path: Path, name: str) -> str | None:
             for sub in ast.walk(node):
                 exc = getattr(sub, "exc", None)
                 target = exc.func if isinstance(exc, ast.Call) else exc
-                if isinstance(sub, ast.Raise) and isinstance(target, ast.Name) \
-                        and target.id == "NotImplementedError":
+                if (
+                    isinstance(sub, ast.Raise)
+                    and isinstance(target, ast.Name)
+                    and target.id == "NotImplementedError"
+                ):
                     return _raise_hint(path, sub.lineno)
     return None
 

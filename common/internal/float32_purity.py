@@ -102,8 +102,9 @@ def _numba_type(value: Any) -> Any:
 
 
 def _is_jit_function(value: Any) -> bool:
-    return (type(value).__name__ in ("FakeCUDAKernel", "CUDADispatcher")
-            and hasattr(value, "py_func"))
+    return type(value).__name__ in ("FakeCUDAKernel", "CUDADispatcher") and hasattr(
+        value, "py_func"
+    )
 
 
 def _is_device_function(value: Any) -> bool:
@@ -115,8 +116,9 @@ def _is_device_function(value: Any) -> bool:
 def _simple(value: Any) -> bool:
     from numba.core import types
 
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, np.generic,
-                                           np.dtype, types.Type)):
+    if value is None or isinstance(
+        value, (bool, int, float, complex, str, bytes, np.generic, np.dtype, types.Type)
+    ):
         return True
     if isinstance(value, tuple):
         return all(_simple(v) for v in value)
@@ -126,10 +128,16 @@ def _simple(value: Any) -> bool:
 def _importable(module: str) -> bool:
     # Chapter files load under names such as "chapters.05_first_kernels.x", and test
     # files by path: the helper process cannot import either by name.
-    return bool(module) and not module.startswith("chapters.") and module in sys.modules and (
-        getattr(sys.modules[module], "__spec__", None) is not None
-        and sys.modules[module].__spec__.origin is not None
-        and not Path(sys.modules[module].__spec__.origin).name.startswith("test_"))
+    return (
+        bool(module)
+        and not module.startswith("chapters.")
+        and module in sys.modules
+        and (
+            getattr(sys.modules[module], "__spec__", None) is not None
+            and sys.modules[module].__spec__.origin is not None
+            and not Path(sys.modules[module].__spec__.origin).name.startswith("test_")
+        )
+    )
 
 
 def _names_used(code: pytypes.CodeType) -> set[str]:
@@ -155,8 +163,12 @@ def _value_spec(value: Any, memo: dict[int, Any]) -> Any:
         return ("value", value)
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
-    if isinstance(module, str) and isinstance(qualname, str) and "<" not in qualname \
-            and _importable(module):
+    if (
+        isinstance(module, str)
+        and isinstance(qualname, str)
+        and "<" not in qualname
+        and _importable(module)
+    ):
         return ("qualified", module, qualname)
     return None
 
@@ -166,9 +178,15 @@ def _function_spec(fn: pytypes.FunctionType, memo: dict[int, Any]) -> dict[str, 
         return memo[id(fn)]
     code = fn.__code__
     spec: dict[str, Any] = {
-        "code": marshal.dumps(code), "name": fn.__name__, "qualname": fn.__qualname__,
-        "module": fn.__module__, "file": code.co_filename, "firstlineno": code.co_firstlineno,
-        "globals": {}, "unsent": [], "closure": [],
+        "code": marshal.dumps(code),
+        "name": fn.__name__,
+        "qualname": fn.__qualname__,
+        "module": fn.__module__,
+        "file": code.co_filename,
+        "firstlineno": code.co_firstlineno,
+        "globals": {},
+        "unsent": [],
+        "closure": [],
         "defaults": fn.__defaults__ if _simple(fn.__defaults__) else None,
     }
     memo[id(fn)] = spec
@@ -185,7 +203,8 @@ def _function_spec(fn: pytypes.FunctionType, memo: dict[int, Any]) -> dict[str, 
         if vspec is None:
             raise Float32PurityUnavailable(
                 f"cannot check {fn.__qualname__} for float64: its closure variable {name!r} "
-                f"is a {type(cell.cell_contents).__name__}, which the typing process cannot rebuild")
+                f"is a {type(cell.cell_contents).__name__}, which the typing process cannot rebuild"
+            )
         spec["closure"].append(vspec)
     return spec
 
@@ -203,9 +222,17 @@ def _spec_key(spec: Any, seen: set[int]) -> Any:
         if id(spec) in seen:
             return ("recursive", spec["qualname"])
         seen = seen | {id(spec)}
-        return ("fn", spec["file"], _file_digest(spec["file"]), spec["qualname"],
-                spec["firstlineno"], _spec_key(spec["globals"].items(), seen),
-                _spec_key(spec["closure"], seen), tuple(spec["unsent"]), repr(spec["defaults"]))
+        return (
+            "fn",
+            spec["file"],
+            _file_digest(spec["file"]),
+            spec["qualname"],
+            spec["firstlineno"],
+            _spec_key(spec["globals"].items(), seen),
+            _spec_key(spec["closure"], seen),
+            tuple(spec["unsent"]),
+            repr(spec["defaults"]),
+        )
     if isinstance(spec, (list, tuple)) or type(spec).__name__ in ("dict_items",):
         return tuple(_spec_key(s, seen) for s in spec)
     return repr(spec)
@@ -219,8 +246,13 @@ class _Helper:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         self.stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "common.internal.float32_purity", "--helper"], cwd=REPO_ROOT, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
+            [sys.executable, "-m", "common.internal.float32_purity", "--helper"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+        )
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -250,7 +282,8 @@ class _Helper:
             if not ready:
                 self.close()
                 raise Float32PurityUnavailable(
-                    f"the CUDA typing process gave no answer in {_REQUEST_TIMEOUT_S:.0f} s")
+                    f"the CUDA typing process gave no answer in {_REQUEST_TIMEOUT_S:.0f} s"
+                )
             chunk = os.read(fd, n - got)
             if not chunk:
                 raise self._died("exited")
@@ -295,8 +328,9 @@ def _analyse(items: list[tuple[Any, tuple[Any, ...], tuple[str, int] | None]]) -
     keys, requests, todo = [], [], []
     for i, (fn, argtypes, _) in enumerate(items):
         spec = _function_spec(fn, {})
-        key = hashlib.sha256(repr((_CACHE_VERSION, _spec_key(spec, set()),
-                                   tuple(str(t) for t in argtypes))).encode()).hexdigest()
+        key = hashlib.sha256(
+            repr((_CACHE_VERSION, _spec_key(spec, set()), tuple(str(t) for t in argtypes))).encode()
+        ).hexdigest()
         keys.append(key)
         if key in _memory_cache:
             continue
@@ -326,24 +360,33 @@ def _arg_names(fn: pytypes.FunctionType) -> tuple[str, ...]:
     return code.co_varnames[: code.co_argcount]
 
 
-def _uses_from(answer: Any, fn: pytypes.FunctionType, argtypes: tuple[Any, ...],
-               site: tuple[str, int] | None) -> list[Float64Use]:
+def _uses_from(
+    answer: Any, fn: pytypes.FunctionType, argtypes: tuple[Any, ...], site: tuple[str, int] | None
+) -> list[Float64Use]:
     kind = answer[0]
     if kind == "unavailable":
         raise Float32PurityUnavailable(f"cannot check {fn.__qualname__} for float64: {answer[1]}")
     if kind == "does_not_compile":
         raise CheckError(
             f"{fn.__qualname__} does not compile for a GPU with arguments "
-            f"({', '.join(map(str, argtypes))}), although the simulator runs it:\n{answer[1]}")
+            f"({', '.join(map(str, argtypes))}), although the simulator runs it:\n{answer[1]}"
+        )
     uses = []
     for finding in answer[1]:
         if finding["kind"] == "argument" and site is not None:
             file, line = site
-            uses.append(Float64Use(file, line, _source_line(file, line),
-                                   f"(the launch of {fn.__name__}) {finding['message']}"))
+            uses.append(
+                Float64Use(
+                    file,
+                    line,
+                    _source_line(file, line),
+                    f"(the launch of {fn.__name__}) {finding['message']}",
+                )
+            )
         else:
-            uses.append(Float64Use(finding["file"], finding["line"], finding["source"],
-                                   finding["message"]))
+            uses.append(
+                Float64Use(finding["file"], finding["line"], finding["source"], finding["message"])
+            )
     return uses
 
 
@@ -367,8 +410,10 @@ def float64_uses(kernel: Any, argtypes: Sequence[Any]) -> list[Float64Use]:
     fn = kernel.py_func if _is_jit_function(kernel) else kernel
     types_ = tuple(_numba_type(a) for a in argtypes)
     if len(types_) != fn.__code__.co_argcount:
-        raise TypeError(f"{fn.__name__} takes {fn.__code__.co_argcount} arguments, "
-                        f"got {len(types_)} argument types")
+        raise TypeError(
+            f"{fn.__name__} takes {fn.__code__.co_argcount} arguments, "
+            f"got {len(types_)} argument types"
+        )
     (answer,) = _analyse([(fn, types_, None)])
     return _uses_from(answer, fn, types_, None)
 
@@ -376,8 +421,10 @@ def float64_uses(kernel: Any, argtypes: Sequence[Any]) -> list[Float64Use]:
 def _format(fn: pytypes.FunctionType, uses: list[Float64Use]) -> str:
     shown = "\n  ".join(str(u) for u in uses[:MAX_LINES_SHOWN])
     more = f"\n  ... and {len(uses) - MAX_LINES_SHOWN} more" if len(uses) > MAX_LINES_SHOWN else ""
-    return (f"{fn.__name__} computes in float64 (the simulator cannot tell: it stores float32 "
-            f"anyway; a GPU runs float64 at 1/2 to 1/64 of the float32 rate):\n  {shown}{more}")
+    return (
+        f"{fn.__name__} computes in float64 (the simulator cannot tell: it stores float32 "
+        f"anyway; a GPU runs float64 at 1/2 to 1/64 of the float32 rate):\n  {shown}{more}"
+    )
 
 
 def assert_float32_pure(kernel: Any, argtypes: Sequence[Any]) -> None:
@@ -538,8 +585,9 @@ def _helper_function(spec: dict[str, Any], memo: dict[int, Any]) -> pytypes.Func
         except Exception:  # noqa: BLE001  (unresolvable here: typing says if it is used)
             spec["unsent"].append(name)
     closure = tuple(pytypes.CellType(_helper_value(v, memo)) for v in spec["closure"])
-    fn = pytypes.FunctionType(marshal.loads(spec["code"]), g, spec["name"], spec["defaults"],
-                              closure or None)
+    fn = pytypes.FunctionType(
+        marshal.loads(spec["code"]), g, spec["name"], spec["defaults"], closure or None
+    )
     fn.__qualname__ = spec["qualname"]
     return fn
 
@@ -583,8 +631,18 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
     found: list[tuple[int, dict[str, Any]]] = []  # (priority, finding): lower is the cause
 
     def add(priority: int, loc: Any, message: str, kind: str = "line") -> None:
-        found.append((priority, {"kind": kind, "file": loc.filename, "line": loc.line,
-                                 "source": _source(loc), "message": message + where}))
+        found.append(
+            (
+                priority,
+                {
+                    "kind": kind,
+                    "file": loc.filename,
+                    "line": loc.line,
+                    "source": _source(loc),
+                    "message": message + where,
+                },
+            )
+        )
 
     for blk in ta.blocks.values():
         for st in blk.body:
@@ -596,8 +654,13 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
             name = target.name.split(".")[0]
             if isinstance(value, ir.Arg):
                 if _is_f64(ty):
-                    add(0, loc, f"argument {value.name} is {ty}: the launch passes a Python float "
-                        "or a float64 array; pass np.float32(...) or a float32 array", "argument")
+                    add(
+                        0,
+                        loc,
+                        f"argument {value.name} is {ty}: the launch passes a Python float "
+                        "or a float64 array; pass np.float32(...) or a float32 array",
+                        "argument",
+                    )
                 continue
             if isinstance(value, ir.Const):
                 if _is_f64(ty) and user_var:
@@ -608,18 +671,29 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                 if _is_f64(ty) and user_var:
                     origin = defs.get(value.name)
                     if isinstance(origin, ir.Const):
-                        add(1, loc, f"makes {name} float64; write "
-                            f"{name} = np.float32({origin.value!r})")
+                        add(
+                            1,
+                            loc,
+                            f"makes {name} float64; write {name} = np.float32({origin.value!r})",
+                        )
                     elif not _is_f64(src):
-                        add(3, loc, f"makes {name} float64: it holds a {src} here and a float64 "
+                        add(
+                            3,
+                            loc,
+                            f"makes {name} float64: it holds a {src} here and a float64 "
                             "elsewhere (e.g. one branch assigns a float literal or an int); use "
-                            "np.float32 in every assignment")
+                            "np.float32 in every assignment",
+                        )
                     # else: a copy of a float64 variable (loop headers, branch joins):
                     # the line that made the first one is reported
                 elif _is_f64(ty) and not _is_f64(src):
-                    add(3, loc, f"mixes {src} with float64 in one value (an if/else or a loop "
+                    add(
+                        3,
+                        loc,
+                        f"mixes {src} with float64 in one value (an if/else or a loop "
                         "that assigns a float literal or an int in one place); use np.float32 "
-                        "in every branch")
+                        "in every branch",
+                    )
                 continue
             if not isinstance(value, ir.Expr):
                 continue
@@ -627,25 +701,44 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                 fty = typemap.get(value.func.name)
                 disp = getattr(fty, "dispatcher", None)
                 sig = calltypes.get(value)
-                library = str(getattr(getattr(disp, "py_func", None), "__module__", "")
-                              ).startswith("numba")  # e.g. numba.cuda.random: not the learner's
-                if disp is not None and sig is not None and hasattr(disp, "overloads") \
-                        and not library:
+                library = str(getattr(getattr(disp, "py_func", None), "__module__", "")).startswith(
+                    "numba"
+                )  # e.g. numba.cuda.random: not the learner's
+                if (
+                    disp is not None
+                    and sig is not None
+                    and hasattr(disp, "overloads")
+                    and not library
+                ):
                     callee = disp.overloads.get(tuple(sig.args))
                     key = (id(disp), tuple(sig.args))
                     if callee is not None and key not in seen:
                         seen.add(key)
-                        found.extend((4, f) for f in _findings(
-                            callee, f" (in device function {disp.py_func.__name__})", seen))
+                        found.extend(
+                            (4, f)
+                            for f in _findings(
+                                callee, f" (in device function {disp.py_func.__name__})", seen
+                            )
+                        )
                 if _is_f64(ty):
                     callee_def = defs.get(value.func.name)
-                    callee_name = getattr(callee_def, "name", None) or getattr(
-                        callee_def, "attr", None) or "a call"
+                    callee_name = (
+                        getattr(callee_def, "name", None)
+                        or getattr(callee_def, "attr", None)
+                        or "a call"
+                    )
                     f64_args = [a for a in value.args if _is_f64(typemap.get(a.name))]
-                    why = (f"because {_describe(f64_args[0], defs, typemap, argnames)} is float64"
-                           if f64_args else "(a float64-only function, or a float() conversion)")
-                    add(4, loc, f"calls {callee_name}, which returns float64 here {why}; "
-                        "give it float32 arguments")
+                    why = (
+                        f"because {_describe(f64_args[0], defs, typemap, argnames)} is float64"
+                        if f64_args
+                        else "(a float64-only function, or a float() conversion)"
+                    )
+                    add(
+                        4,
+                        loc,
+                        f"calls {callee_name}, which returns float64 here {why}; "
+                        "give it float32 arguments",
+                    )
                 continue
             if value.op in ("binop", "inplace_binop", "unary"):
                 operands = [value.value] if value.op == "unary" else [value.lhs, value.rhs]
@@ -658,19 +751,34 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                     what = _describe(f64_ops[0], defs, typemap, argnames)
                     if what.startswith("the literal"):
                         v = defs[f64_ops[0].name].value
-                        add(1, loc, f"computes in float64: {what} is a float64; write "
-                            f"np.float32({v!r})")
+                        add(
+                            1,
+                            loc,
+                            f"computes in float64: {what} is a float64; write np.float32({v!r})",
+                        )
                     elif what.startswith("argument"):
-                        add(2, loc, f"computes in float64: {what} is float64 (a Python float "
-                            "passed at launch?); pass np.float32(...) when launching")
+                        add(
+                            2,
+                            loc,
+                            f"computes in float64: {what} is float64 (a Python float "
+                            "passed at launch?); pass np.float32(...) when launching",
+                        )
                     else:
                         add(5, loc, f"computes in float64: {what} is float64")
                 elif all(_is_int(t) for t in otypes):
-                    add(2, loc, f"divides integers ({op}), which gives a float64; write "
-                        "np.float32(a) / np.float32(b)")
+                    add(
+                        2,
+                        loc,
+                        f"divides integers ({op}), which gives a float64; write "
+                        "np.float32(a) / np.float32(b)",
+                    )
                 else:
-                    add(2, loc, "computes in float64: an integer mixed with a float32 gives "
-                        "float64 in Numba; convert the integer first, np.float32(i)")
+                    add(
+                        2,
+                        loc,
+                        "computes in float64: an integer mixed with a float32 gives "
+                        "float64 in Numba; convert the integer first, np.float32(i)",
+                    )
                 continue
             if _is_f64(ty) and user_var:
                 add(5, loc, f"makes {name} float64")
@@ -680,8 +788,13 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
         k = (f["file"], f["line"])
         if k not in best or priority < best[k][0]:
             best[k] = (priority, f)
-    return [f for _, f in sorted(best.values(), key=lambda pf: (pf[1]["kind"] != "argument",
-                                                               pf[1]["file"], pf[1]["line"]))]
+    return [
+        f
+        for _, f in sorted(
+            best.values(),
+            key=lambda pf: (pf[1]["kind"] != "argument", pf[1]["file"], pf[1]["line"]),
+        )
+    ]
 
 
 def _helper_answer(spec: dict[str, Any], argtypes: tuple[Any, ...]) -> Any:
@@ -698,9 +811,12 @@ def _helper_answer(spec: dict[str, Any], argtypes: tuple[Any, ...]) -> Any:
         text = f"{type(e).__name__}: {e}"
         unsent = [n for n in spec["unsent"] if f"'{n}'" in text]
         if unsent:
-            return ("unavailable", f"it uses {', '.join(unsent)}, which cannot be sent to the "
-                    "typing process (only numbers, NumPy scalars, Numba types, modules, "
-                    "importable functions and device functions can)")
+            return (
+                "unavailable",
+                f"it uses {', '.join(unsent)}, which cannot be sent to the "
+                "typing process (only numbers, NumPy scalars, Numba types, modules, "
+                "importable functions and device functions can)",
+            )
         lines = [ln for ln in text.splitlines() if ln.strip()]
         return ("does_not_compile", "\n".join(lines[:12]))
     return ("ok", _findings(cres, "", set()))
@@ -712,7 +828,8 @@ def _helper_main() -> int:
     # Device functions ask the current device for its compute capability before
     # compiling; typing needs no device, so answer for one.
     cuda_dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(
-        compute_capability=_TYPING_CC)
+        compute_capability=_TYPING_CC
+    )
     channel_in, channel_out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # anything printed goes to the log, never into the channel
     warnings.simplefilter("ignore")

@@ -149,8 +149,16 @@ class _Block:
 class _Access:
     __slots__ = ("who", "time", "epoch", "atomic", "line", "write", "update")
 
-    def __init__(self, who: _Thread, time: int, epoch: int, atomic: bool,
-                 line: tuple[str, int], write: bool, update: bool = False) -> None:
+    def __init__(
+        self,
+        who: _Thread,
+        time: int,
+        epoch: int,
+        atomic: bool,
+        line: tuple[str, int],
+        write: bool,
+        update: bool = False,
+    ) -> None:
         self.who = who
         self.time = time
         self.epoch = epoch
@@ -257,7 +265,6 @@ def _ordered(p: _Access, a_who: _Thread, a_epoch: int, a_acquire: int, launch: _
     return False
 
 
-
 def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3) -> None:
     """Log one access to ``ary[idx]`` by the calling simulated thread.
 
@@ -279,8 +286,22 @@ def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3)
     if atomic:
         depth += 2  # the atomic's own two frames
     frame = sys._getframe(depth - 1)  # the kernel's line (depth counts from a helper)
-    launch.log.append((next(launch.clock), who, who.epoch, who.acquire, addr, shared, write,
-                       atomic, (frame.f_code.co_filename, frame.f_lineno), frame, ary, idx))
+    launch.log.append(
+        (
+            next(launch.clock),
+            who,
+            who.epoch,
+            who.acquire,
+            addr,
+            shared,
+            write,
+            atomic,
+            (frame.f_code.co_filename, frame.f_lineno),
+            frame,
+            ary,
+            idx,
+        )
+    )
 
 
 def on_block_end() -> None:
@@ -297,9 +318,21 @@ def on_block_end() -> None:
         _check(launch, *entry)
 
 
-def _check(launch: _Launch, now: int, who: _Thread, epoch: int, acquire: int, addr: int,
-           shared: bool, write: bool, atomic: bool, line: tuple[str, int], frame: Any,
-           ary: np.ndarray, idx: Any) -> None:
+def _check(
+    launch: _Launch,
+    now: int,
+    who: _Thread,
+    epoch: int,
+    acquire: int,
+    addr: int,
+    shared: bool,
+    write: bool,
+    atomic: bool,
+    line: tuple[str, int],
+    frame: Any,
+    ary: np.ndarray,
+    idx: Any,
+) -> None:
     __tracebackhide__ = True
     mem = launch.shared_mem if shared else launch.global_mem
     el = mem.get(addr)
@@ -308,17 +341,24 @@ def _check(launch: _Launch, now: int, who: _Thread, epoch: int, acquire: int, ad
     w = el.write
     mine = el.reads.get(who)
     update = write and mine is not None and mine.epoch == epoch
-    if w is not None and w.who is not who and not (w.atomic and atomic) \
-            and (shared or not write or w.update or update) \
-            and not _ordered(w, who, epoch, acquire, launch):
+    if (
+        w is not None
+        and w.who is not who
+        and not (w.atomic and atomic)
+        and (shared or not write or w.update or update)
+        and not _ordered(w, who, epoch, acquire, launch)
+    ):
         # In global memory two plain stores to one element are reported only
         # when one of them is an update (a lost `+=`): the same value stored by
         # many threads (a flag) is a common, benign pattern there.
         _report(launch, w, who, line, write, update, frame, addr, shared, ary, idx)
     if write:
         for r in el.reads.values():
-            if r.who is not who and not (r.atomic and atomic) \
-                    and not _ordered(r, who, epoch, acquire, launch):
+            if (
+                r.who is not who
+                and not (r.atomic and atomic)
+                and not _ordered(r, who, epoch, acquire, launch)
+            ):
                 _report(launch, r, who, line, write, update, frame, addr, shared, ary, idx)
         el.write = _Access(who, now, epoch, atomic, line, True, update)
         el.reads = {}
@@ -366,14 +406,26 @@ def _tid(t: _Thread) -> str:
     return "({},{},{})".format(*t.thread)
 
 
-def _report(launch: _Launch, p: _Access, who: _Thread, line: tuple[str, int], write: bool,
-            update: bool, frame: Any, addr: int, shared: bool, ary: np.ndarray,
-            idx: Any) -> None:
+def _report(
+    launch: _Launch,
+    p: _Access,
+    who: _Thread,
+    line: tuple[str, int],
+    write: bool,
+    update: bool,
+    frame: Any,
+    addr: int,
+    shared: bool,
+    ary: np.ndarray,
+    idx: Any,
+) -> None:
     __tracebackhide__ = True
     where = _where(frame, addr, ary, idx, shared)
     same_block = p.who.block == who.block
     if same_block:
-        threads = f"threads {_tid(p.who)} and {_tid(who)} of block ({','.join(map(str, who.block))})"
+        threads = (
+            f"threads {_tid(p.who)} and {_tid(who)} of block ({','.join(map(str, who.block))})"
+        )
     else:
         threads = f"{p.who.name()} and {who.name()}"
     lines = _short(p.line) if p.line == line else f"{_short(p.line)} and {_short(line)}"
@@ -385,22 +437,30 @@ def _report(launch: _Launch, p: _Access, who: _Thread, line: tuple[str, int], wr
         if updates:
             hint = "a `+=` from several threads loses updates: use cuda.atomic.add"
             if shared:
-                hint += (", or give each thread its own element and combine them after "
-                         "cuda.syncthreads()")
+                hint += (
+                    ", or give each thread its own element and combine them after "
+                    "cuda.syncthreads()"
+                )
         else:
-            hint = ("each element should have one writer: check the index arithmetic, "
-                    "or use cuda.atomic.* if several threads must combine into it")
+            hint = (
+                "each element should have one writer: check the index arithmetic, "
+                "or use cuda.atomic.* if several threads must combine into it"
+            )
     else:
         first, second = ("wrote", "read") if p.write else ("read", "wrote")
         what = f"{threads}: the first {first} {where}, the second {second} it ({lines})"
         if same_block:
-            hint = ("with no cuda.syncthreads() between the two, the read may see the old "
-                    "or the new value: put a barrier between the write and the read (and "
-                    "one before the element is overwritten)")
+            hint = (
+                "with no cuda.syncthreads() between the two, the read may see the old "
+                "or the new value: put a barrier between the write and the read (and "
+                "one before the element is overwritten)"
+            )
         else:
-            hint = ("blocks run in any order on a GPU, so a block cannot rely on what "
-                    "another block writes in the same launch: split the work into two "
-                    "launches, or publish with cuda.threadfence() and an atomic ticket")
+            hint = (
+                "blocks run in any order on a GPU, so a block cannot rely on what "
+                "another block writes in the same launch: split the work into two "
+                "launches, or publish with cuda.threadfence() and an atomic ticket"
+            )
     kind = "shared" if shared else "global"
     raise RaceError(f"race in kernel {launch.kernel} ({kind} memory): {what}; {hint}")
 
@@ -600,8 +660,22 @@ def install() -> None:
     module_cls.threadfence = threadfence
 
     atomic_cls = sim_api.FakeCUDAAtomic
-    for name in ("add", "sub", "and_", "or_", "xor", "inc", "dec", "exch", "max", "min",
-                 "nanmax", "nanmin", "compare_and_swap", "cas"):
+    for name in (
+        "add",
+        "sub",
+        "and_",
+        "or_",
+        "xor",
+        "inc",
+        "dec",
+        "exch",
+        "max",
+        "min",
+        "nanmax",
+        "nanmin",
+        "compare_and_swap",
+        "cas",
+    ):
         original = getattr(atomic_cls, name)
 
         def atomic(self: Any, *args: Any, _original: Any = original) -> Any:

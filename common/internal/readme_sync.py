@@ -37,7 +37,10 @@ def extract(path: Path, name: str) -> str:
     tree = ast.parse(text)
     lines = text.splitlines()
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and node.name == name:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and node.name == name
+        ):
             start = min([node.lineno] + [d.lineno for d in node.decorator_list]) - 1
             return "\n".join(lines[start : node.end_lineno])
     raise LookupError(f"{path}: no top-level function or class named {name!r}")
@@ -86,13 +89,17 @@ def sync_readme(readme: Path, write: bool) -> list[str]:
 
 def all_readmes() -> list[Path]:
     return sorted(REPO_ROOT.glob("chapters/*/README.md")) + [
-        p for p in [REPO_ROOT / "final_project" / "README.md", REPO_ROOT / "README.md"] if p.exists()
+        p
+        for p in [REPO_ROOT / "final_project" / "README.md", REPO_ROOT / "README.md"]
+        if p.exists()
     ]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only report stale blocks; exit 1 if any")
+    parser.add_argument(
+        "--check", action="store_true", help="only report stale blocks; exit 1 if any"
+    )
     args = parser.parse_args(argv)
     problems = []
     for readme in all_readmes():

@@ -137,8 +137,11 @@ def _parse(filename: str) -> Any:
     return tree or None
 
 
-_SIMULATOR_FILES = ("simulator/kernel.py", "common/internal/simulator.py",
-                    "common/internal/racecheck.py")
+_SIMULATOR_FILES = (
+    "simulator/kernel.py",
+    "common/internal/simulator.py",
+    "common/internal/racecheck.py",
+)
 
 
 def _device_function_caller(frame: Any) -> Any:
@@ -147,11 +150,15 @@ def _device_function_caller(frame: Any) -> Any:
     back = frame.f_back
     # Called by the simulator's FakeCUDAKernel.__call__, or by the course's own
     # `call` (install() below), which calls device functions directly.
-    if back is None or back.f_code.co_name not in ("__call__", "call") or not \
-            back.f_code.co_filename.replace("\\", "/").endswith(_SIMULATOR_FILES[:2]):
+    if (
+        back is None
+        or back.f_code.co_name not in ("__call__", "call")
+        or not back.f_code.co_filename.replace("\\", "/").endswith(_SIMULATOR_FILES[:2])
+    ):
         return None
     while back is not None and back.f_code.co_filename.replace("\\", "/").endswith(
-            _SIMULATOR_FILES):
+        _SIMULATOR_FILES
+    ):
         back = back.f_back
     return back
 
@@ -167,8 +174,10 @@ def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
     params = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
     position = params.index(name)
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call)
-                and node.lineno <= caller.f_lineno <= (node.end_lineno or node.lineno)):
+        if not (
+            isinstance(node, ast.Call)
+            and node.lineno <= caller.f_lineno <= (node.end_lineno or node.lineno)
+        ):
             continue
         func = node.func
         called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
@@ -178,7 +187,8 @@ def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
             if kw.arg == name:
                 return kw.value
         if position < len(node.args) and not any(
-                isinstance(a, ast.Starred) for a in node.args[: position + 1]):
+            isinstance(a, ast.Starred) for a in node.args[: position + 1]
+        ):
             return node.args[position]
     return None
 
@@ -233,11 +243,17 @@ def check_constant_shape(frame: Any, what: str) -> None:
         tree = _parse(key[0])
         if tree:
             for node in ast.walk(tree):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                        and node.func.attr == "array"
-                        and node.lineno <= key[1] <= (node.end_lineno or node.lineno)):
-                    shape = node.args[0] if node.args else next(
-                        (k.value for k in node.keywords if k.arg == "shape"), None)
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "array"
+                    and node.lineno <= key[1] <= (node.end_lineno or node.lineno)
+                ):
+                    shape = (
+                        node.args[0]
+                        if node.args
+                        else next((k.value for k in node.keywords if k.arg == "shape"), None)
+                    )
                     if shape is not None:
                         verdict = _shape_problem(shape, frame)
                         break
@@ -352,15 +368,23 @@ def install() -> None:
     kernel_cls._course_checks = True
 
 
-
 # --------------------------------------------------------------------------
 # Simulator speed: barrier-free blocks run their threads one after another
 # --------------------------------------------------------------------------
 
 # Names whose use in a kernel (or anything it calls) means its threads must run
 # side by side, as the simulator does, to meet at a barrier.
-_BARRIER_NAMES = frozenset({"syncthreads", "syncthreads_count", "syncthreads_and",
-                            "syncthreads_or", "syncwarp", "this_grid", "sync"})
+_BARRIER_NAMES = frozenset(
+    {
+        "syncthreads",
+        "syncthreads_count",
+        "syncthreads_and",
+        "syncthreads_or",
+        "syncwarp",
+        "this_grid",
+        "sync",
+    }
+)
 _barrier_verdicts: dict[Any, bool] = {}
 
 
@@ -564,5 +588,7 @@ def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any
 
 
 def _no_barrier(*_: Any) -> None:
-    raise RuntimeError("internal error: a kernel judged barrier-free reached a barrier; "
-                       "set COURSE_RACECHECK=0 and report it")
+    raise RuntimeError(
+        "internal error: a kernel judged barrier-free reached a barrier; "
+        "set COURSE_RACECHECK=0 and report it"
+    )

@@ -13,6 +13,7 @@ are stored too, so the sample can be traced back to the official files.
 
 # isort: off
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
 # isort: on
 import argparse
 from pathlib import Path
@@ -33,16 +34,25 @@ def make_sample(src: Path, out: Path = SAMPLE_PATH) -> None:
     tr, te = idx[:N_TRAIN], idx[N_TRAIN:]
     np.savez_compressed(
         out,
-        train_images=images[tr], train_labels=labels[tr],
-        test_images=images[te], test_labels=labels[te],
-        train_index=tr.astype(np.uint16), test_index=te.astype(np.uint16),
+        train_images=images[tr],
+        train_labels=labels[tr],
+        test_images=images[te],
+        test_labels=labels[te],
+        train_index=tr.astype(np.uint16),
+        test_index=te.astype(np.uint16),
     )
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {N_TRAIN} train / {N_TEST} "
-          f"test digits; train class counts {np.bincount(labels[tr], minlength=10).tolist()}")
+    print(
+        f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB): {N_TRAIN} train / {N_TEST} "
+        f"test digits; train class counts {np.bincount(labels[tr], minlength=10).tolist()}"
+    )
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--src", type=Path, required=True,
-                   help="folder with t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz")
+    p.add_argument(
+        "--src",
+        type=Path,
+        required=True,
+        help="folder with t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz",
+    )
     make_sample(p.parse_args().src)
