@@ -1,7 +1,7 @@
 """Chapter 08: the SGEMM progression and its exercises, at simulator sizes."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div
+from common import ceil_div, is_simulator
 from common.checking import CheckError, check, guarded, random_array
 from common.internal.exercises import implementations, load_chapter_module
 from common.internal.float32_purity import float32_pure_launches
@@ -135,6 +135,11 @@ def _register_tile_launcher(factory):
     return launch
 
 
+@pytest.mark.skipif(
+    not is_simulator(),
+    reason="a missing barrier is caught every time only by the simulator's race detector; "
+    "on a GPU a value check sees it by chance (compute-sanitizer --tool racecheck finds it)",
+)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # may add uninitialised tiles: the point
 def test_tiled_without_syncthreads_fails(rng, tmp_path):
     no_sync = mutant(
@@ -142,9 +147,8 @@ def test_tiled_without_syncthreads_fails(rng, tmp_path):
         sol.make_tiled_kernel,
         ("cuda.syncthreads()", "pass  # no barrier: the reads race the loads"),
     )
-    with pytest.raises(CheckError):
-        for _ in range(3):  # a race shows up with high probability on each try
-            check_matmul_tiled(_tiled_launcher(no_sync), rng)
+    with pytest.raises(CheckError):  # a RaceError, on the first launch
+        check_matmul_tiled(_tiled_launcher(no_sync), rng)
 
 
 def test_tiled_without_bounds_check_fails(rng, tmp_path):
@@ -299,9 +303,11 @@ def test_matmul_best_refuses_bad_operands(rng):
         mm.matmul_best(
             random_array((4, 3), np.float32, rng), b, cuda.device_array((4, 5), np.float32)
         )
+    # Every other column of a (4, 6) array: a strided view, not row-major. (A
+    # device array's .T is no test: on a GPU Numba transposes it into a copy.)
     with pytest.raises(ValueError, match="C-contiguous"):
         mm.matmul_best(
-            cuda.to_device(random_array((3, 4), np.float32, rng)).T,
+            cuda.to_device(random_array((4, 6), np.float32, rng))[:, ::2],
             b,
             cuda.device_array((4, 5), np.float32),
         )

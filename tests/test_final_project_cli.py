@@ -68,7 +68,7 @@ def _must_not_run(*args, **kwargs):
 # --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def default_run(tmp_path_factory):
     """``python -m final_project.train`` with no options, once for the module.
 
@@ -96,8 +96,14 @@ def default_run(tmp_path_factory):
     return printed.getvalue(), root
 
 
-@pytest.mark.xdist_group("default_run")  # one worker runs the 30 s fixture, once
-def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run):
+def test_default_run(default_run, capsys):
+    """The quick start's run, once (30 s of simulator time): what it prints, then
+    its folder and checkpoint. One test, so that -n auto never runs it twice."""
+    check_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run)
+    check_default_run_gets_a_fresh_folder_that_evaluate_loads(default_run, capsys)
+
+
+def check_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run):
     printed, _ = default_run
     steps = ftrain.TINY.epochs * (ftrain.TINY.n_train // ftrain.TINY.batch_size)
     losses = [
@@ -123,8 +129,7 @@ def test_default_run_prints_a_falling_loss_and_a_believable_accuracy(default_run
     assert "NetConfig(" not in printed and "simulator (simulator)" not in printed
 
 
-@pytest.mark.xdist_group("default_run")  # one worker runs the 30 s fixture, once
-def test_default_run_gets_a_fresh_folder_that_evaluate_loads(default_run, capsys):
+def check_default_run_gets_a_fresh_folder_that_evaluate_loads(default_run, capsys):
     printed, root = default_run
     earlier = root / "runs" / "final_project" / "run-001" / "checkpoint.npz"
     assert earlier.read_bytes() == b"an earlier run"  # not overwritten
@@ -274,6 +279,8 @@ def test_train_cli_check_stops_on_a_broken_kernel(offline, capsys, monkeypatch):
         "--max-steps",
         "1",
         "--tiny",
+        "--kernels",
+        "naive",  # the broken kernel is a naive one (a GPU's default is the fast set)
     ]
     assert ftrain.main(argv) == 1
     assert "--check failed: step 1 disagrees with the float64 reference" in capsys.readouterr().err
