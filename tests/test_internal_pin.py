@@ -9,6 +9,7 @@ they pass on the new release.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.internal import racecheck
 from common.internal.exercises import REPO_ROOT
 
 import importlib
@@ -44,22 +45,7 @@ SIMULATOR_METHODS = {
     ("numba.cuda.simulator.kernelapi", "FakeCUDAShared"): ["array"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDALocal"): ["array"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAModule"): ["threadfence"],
-    ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic"): [
-        "add",
-        "sub",
-        "and_",
-        "or_",
-        "xor",
-        "inc",
-        "dec",
-        "exch",
-        "max",
-        "min",
-        "nanmax",
-        "nanmin",
-        "compare_and_swap",
-        "cas",
-    ],
+    ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic"): list(racecheck.ATOMIC_METHODS),
 }
 
 

@@ -585,6 +585,14 @@ class SharedArray:
         return f"SharedArray({self._ary!r})"
 
 
+# The simulator's cuda.atomic.* functions the detector wraps (each one orders,
+# and is recorded as an atomic access).
+ATOMIC_METHODS = (
+    "add", "sub", "and_", "or_", "xor", "inc", "dec", "exch",
+    "max", "min", "nanmax", "nanmin", "compare_and_swap", "cas",
+)  # fmt: skip
+
+
 def install() -> None:
     """Hook the detector into the simulator's arrays, barriers, fences and atomics."""
     from numba.cuda.simulator import kernel as sim_kernel
@@ -660,22 +668,7 @@ def install() -> None:
     module_cls.threadfence = threadfence
 
     atomic_cls = sim_api.FakeCUDAAtomic
-    for name in (
-        "add",
-        "sub",
-        "and_",
-        "or_",
-        "xor",
-        "inc",
-        "dec",
-        "exch",
-        "max",
-        "min",
-        "nanmax",
-        "nanmin",
-        "compare_and_swap",
-        "cas",
-    ):
+    for name in ATOMIC_METHODS:
         original = getattr(atomic_cls, name)
 
         def atomic(self: Any, *args: Any, _original: Any = original) -> Any:
