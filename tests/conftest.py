@@ -64,6 +64,14 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+def pytest_configure(config):
+    # Under -n auto, let idle workers take queued tests from busy ones
+    # ("worksteal") instead of fixed chunks ("load"): a few tests take 10-40 s
+    # in the simulator, and fixed chunks leave one worker finishing alone.
+    if getattr(config.option, "numprocesses", None) and config.option.dist == "load":
+        config.option.dist = "worksteal"
+
+
 def pytest_collection_modifyitems(config, items):
     if not is_simulator():
         return

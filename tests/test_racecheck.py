@@ -214,6 +214,8 @@ RACY = {
 }
 
 
+# A racy kernel can read shared memory nobody wrote yet (inf * 0 is NaN): expected.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("name", list(RACY))
 def test_every_racy_kernel_is_reported_every_time(name):
     launch, kernel, array, memory = RACY[name]
