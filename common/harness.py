@@ -112,9 +112,11 @@ def script_parser(doc: str, chapter: str) -> argparse.ArgumentParser:
     return parser
 
 
-def save_results(results: Sequence[Timing], out: str | Path, name: str, **meta: Any) -> Path:
-    """Write ``results`` to ``out/<name>.json`` with the device, its copy bandwidth
-    and the runtime; print and return the path."""
+def save_results(
+    results: Sequence[Timing | dict[str, Any]], out: str | Path, name: str, **meta: Any
+) -> Path:
+    """Write ``results`` (Timings, or dicts of JSON values) to ``out/<name>.json``
+    with the device, its copy bandwidth and the runtime; print and return the path."""
     path = Path(out) / f"{name}.json"
     peaks = device_peaks()
     write_json(

@@ -27,6 +27,7 @@ the figures its chapter README holds from a GPU run (:func:`readme_figures`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -129,6 +130,7 @@ def benchmark(
     warmup: int = 3,
     repeats: int = 20,
     peaks: dict[str, Any] | None = None,
+    hold_ms: int = 0,
 ) -> Timing:
     """Time ``fn()`` on the GPU with CUDA events.
 
@@ -142,6 +144,11 @@ def benchmark(
         repeats: timed calls; the median and 10th/90th percentiles are kept.
         peaks: the dict from :func:`device_peaks`; measured once if omitted and
             a rate is asked for.
+        hold_ms: if > 0, :func:`hold_stream` keeps the GPU busy this long
+            before the timed calls, so the host queues them all first and the
+            times are GPU time only. Needed when a call is about as short as
+            its launch from Python (tens of microseconds); make it longer than
+            queueing ``repeats`` calls takes.
 
     Returns:
         A :class:`Timing`. In the simulator, ``fn`` runs once and the Timing
@@ -150,8 +157,10 @@ def benchmark(
     Raises:
         ValueError: ``repeats`` < 1 or ``warmup`` < 0.
     """
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"need repeats >= 1 and warmup >= 0, got {repeats}, {warmup}")
+    if repeats < 1 or warmup < 0 or hold_ms < 0:
+        raise ValueError(
+            f"need repeats >= 1, warmup >= 0, hold_ms >= 0; got {repeats}, {warmup}, {hold_ms}"
+        )
     result = Timing(name=name, nbytes=nbytes, flops=flops)
     if is_simulator():
         fn()
@@ -173,6 +182,8 @@ def benchmark(
         fn()
     starts = [cuda.event() for _ in range(repeats)]
     ends = [cuda.event() for _ in range(repeats)]
+    if hold_ms:
+        hold_stream(hold_ms)
     for start, end in zip(starts, ends):
         start.record()
         fn()
@@ -188,6 +199,27 @@ def benchmark(
         result.peak_gbps = peaks.get("copy_gbps")
         result.peak_tflops = peaks.get("sgemm_tflops")
     return result
+
+
+def hold_stream(ms: int, stream: Any = 0) -> None:
+    """Launch one thread that sleeps ``ms`` milliseconds on ``stream`` (GPU only).
+
+    Work the host queues behind it waits, so events recorded between queued
+    launches measure the GPU's time, not the host's launch cost.
+    """
+    _hold_stream_kernel()[1, 1, stream](int(ms))
+
+
+@functools.cache
+def _hold_stream_kernel() -> Any:
+    from numba import cuda
+
+    @cuda.jit
+    def hold(ms):
+        for _ in range(ms):
+            cuda.nanosleep(1000000)
+
+    return hold
 
 
 # --------------------------------------------------------------------------
@@ -339,9 +371,15 @@ def format_table(results: Sequence[Timing], title: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def write_json(results: Iterable[Timing], path: str | os.PathLike[str], **meta: Any) -> None:
-    """Write timings and metadata (e.g. ``device=...``) as JSON for plots and notes."""
-    payload = {"meta": meta, "results": [r.as_dict() for r in results]}
+def write_json(
+    results: Iterable[Timing | dict[str, Any]], path: str | os.PathLike[str], **meta: Any
+) -> None:
+    """Write results (Timings, or plain dicts of JSON values) and metadata (e.g.
+    ``device=...``) as JSON for plots and notes."""
+    payload = {
+        "meta": meta,
+        "results": [r.as_dict() if isinstance(r, Timing) else r for r in results],
+    }
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2))
 

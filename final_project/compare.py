@@ -42,6 +42,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
 # isort: on
 from common.runtime import device_name
+from common.timing import hold_stream
 
 import argparse
 import dataclasses
@@ -308,14 +309,6 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
     }
 
 
-@cuda.jit
-def _hold_stream(ms):
-    # Keeps the stream busy while the host queues a whole step behind it, so the
-    # events between stages time the GPU's work, not Python's launch cost.
-    for _ in range(ms):
-        cuda.nanosleep(1000000)
-
-
 def stage_breakdown(
     config,
     images: np.ndarray,
@@ -350,7 +343,9 @@ def stage_breakdown(
             ev.record(model.stream)
             events.append((name, ev))
 
-        _hold_stream[1, 1, model.stream](40)
+        # Keep the stream busy while the host queues the whole step behind it, so
+        # the events between stages time the GPU's work, not Python's launch cost.
+        hold_stream(40, model.stream)
         first = cuda.event()
         first.record(model.stream)
         model._step(batch_size, lr, mark)
@@ -426,22 +421,26 @@ def format_timing_table(rows: list[dict[str, Any]], device: str, torch_dev: str)
         lines.append(f"  ({common.timing.SIMULATOR_NOTE})")
     sizes = [r["batch_size"] for r in rows]
     names = list(rows[0]["ms"])
-    lines.append(f"  {'configuration':<34}" + "".join(f"{'batch ' + str(b):>13}" for b in sizes))
+    # wide enough for the longest best-torch name ("compile-reduce-overhead") and a gap
+    width = 2 + max(13, *(len(r.get("best_torch", "").removeprefix("torch ")) for r in rows))
+    lines.append(
+        f"  {'configuration':<34}" + "".join(f"{'batch ' + str(b):>{width}}" for b in sizes)
+    )
     for name in names:
         cells = [r["ms"].get(name) for r in rows]
         lines.append(
             f"  {name:<34}"
-            + "".join(f"{'-' if v is None else format(v, '.3f'):>13}" for v in cells)
+            + "".join(f"{'-' if v is None else format(v, '.3f'):>{width}}" for v in cells)
         )
     ratios = [r.get("fast_graph_over_best_torch") for r in rows]
     if any(ratios):
         lines.append(
             f"  {'fast graph / best torch':<34}"
-            + "".join(f"{'-' if v is None else format(v, '.2f') + 'x':>13}" for v in ratios)
+            + "".join(f"{'-' if v is None else format(v, '.2f') + 'x':>{width}}" for v in ratios)
         )
         lines.append(
             f"  {'(best torch configuration)':<34}"
-            + "".join(f"{r.get('best_torch', '-').removeprefix('torch '):>13}" for r in rows)
+            + "".join(f"{r.get('best_torch', '-').removeprefix('torch '):>{width}}" for r in rows)
         )
     return "\n".join(lines)
 

@@ -43,7 +43,7 @@ fused classifier as in llm.c's ``fused_classifier`` (Karpathy 2024).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.runtime import ceil_div, pick
+from common.runtime import ceil_div, jit, pick
 
 import math
 
@@ -280,40 +280,83 @@ def bn_relu_maxpool_forward(z, scale, shift, pooled, argmax, stream=0) -> None:
     bn_relu_maxpool_forward_kernel[grid, block, stream](z, scale, shift, pooled, argmax)
 
 
-def make_bn_backward_reduce(BLOCK):
-    """Block per (channel, group of images): partial sums of dy*xhat and dy."""
+@cuda.jit(device=True, inline=True)
+def _advance(n, ph, pw, dn, dh, dw, h_out, w_out):
+    """(n, ph, pw) moved on by dn images, dh rows and dw columns of the pooled
+    grid, with carries (dh < h_out, dw < w_out: at most one carry each)."""
+    n += dn
+    ph += dh
+    pw += dw
+    if pw >= w_out:
+        pw -= w_out
+        ph += 1
+    if ph >= h_out:
+        ph -= h_out
+        n += 1
+    return n, ph, pw
 
-    @cuda.jit
+
+def make_bn_backward_reduce(BLOCK, MIN_BLOCKS=5):
+    """Block per (channel, group of images): partial sums of dy*xhat and dy.
+
+    Chapter 09's case study profiles and fixes this kernel. Each thread walks the
+    pooled positions j = t, t + BLOCK, ... of its group: j is decoded into
+    (image, row, column) once and then stepped with carries (a division per
+    element cost more instructions than the element's work), and each iteration
+    issues the loads of two elements before using either (the gather of z
+    through the argmax waits on the argmax: two chains in flight hide half the
+    latency). ``launch_bounds`` keeps registers at 48, MIN_BLOCKS blocks an SM.
+    The sums are added in the order j takes, as one element an iteration would.
+    """
+
+    @jit(launch_bounds=(BLOCK, MIN_BLOCKS))
     def bn_relu_maxpool_backward_reduce(
         dpooled, argmax, z, mean, invstd, scale, shift, images_per_block, partials
     ):
         c = cuda.blockIdx.x
         p = cuda.blockIdx.y
-        t = cuda.threadIdx.x
+        t = int32(cuda.threadIdx.x)
         batch = int32(z.shape[0])
+        h_out = int32(dpooled.shape[2])
         w_out = int32(dpooled.shape[3])
-        plane = int32(dpooled.shape[2]) * w_out
+        plane = h_out * w_out
         n0 = int32(p) * int32(images_per_block)
         n1 = min(batch, n0 + int32(images_per_block))
+        total = (n1 - n0) * plane
         mu = mean[c]
         inv = invstd[c]
         sc = scale[c]
         sh = shift[c]
+        # BLOCK = dn images + dh rows + dw columns: the step every thread takes.
+        dn = int32(BLOCK) // plane
+        dq = int32(BLOCK) - dn * plane
+        dh = dq // w_out
+        dw = dq - dh * w_out
+        n = n0 + t // plane
+        q = t - (t // plane) * plane
+        ph = q // w_out
+        pw = q - ph * w_out
         a = float32(0.0)
         b = float32(0.0)
-        # Only the window winners carry a gradient: walk the pooled grid (a
-        # quarter of the conv output) and gather the winner's z.
-        for j in range(int32(t), (n1 - n0) * plane, int32(BLOCK)):
-            n = n0 + j // plane
-            q = j % plane
-            ph = q // w_out
-            pw = q % w_out
-            k = argmax[n, c, ph, pw]
-            zv = z[n, c, 2 * ph + k // 2, 2 * pw + k % 2]
-            if zv * sc + sh > 0.0:
-                g = dpooled[n, c, ph, pw]
-                a += g * (zv - mu) * inv
-                b += g
+        j = t
+        while j < total:
+            second = j + int32(BLOCK) < total
+            n2, ph2, pw2 = _advance(n, ph, pw, dn, dh, dw, h_out, w_out)
+            # Only the window winners carry a gradient: gather the winner's z.
+            k1 = argmax[n, c, ph, pw]
+            k2 = argmax[n2, c, ph2, pw2] if second else k1
+            z1 = z[n, c, 2 * ph + (k1 >> 1), 2 * pw + (k1 & 1)]
+            g1 = dpooled[n, c, ph, pw]
+            z2 = z[n2, c, 2 * ph2 + (k2 >> 1), 2 * pw2 + (k2 & 1)] if second else z1
+            g2 = dpooled[n2, c, ph2, pw2] if second else g1
+            if z1 * sc + sh > 0.0:
+                a += g1 * (z1 - mu) * inv
+                b += g1
+            if second and z2 * sc + sh > 0.0:
+                a += g2 * (z2 - mu) * inv
+                b += g2
+            n, ph, pw = _advance(n2, ph2, pw2, dn, dh, dw, h_out, w_out)
+            j += int32(2 * BLOCK)
         s0 = cuda.shared.array(BLOCK, float64)
         s1 = cuda.shared.array(BLOCK, float64)
         s0[t] = a

@@ -433,12 +433,17 @@ def test_timing_rates_from_bytes_and_flops():
 def test_benchmark_rejects_bad_counts():
     with pytest.raises(ValueError):
         timing.benchmark(lambda: None, "x", repeats=0)
+    with pytest.raises(ValueError):
+        timing.benchmark(lambda: None, "x", warmup=-1)
+    with pytest.raises(ValueError):
+        timing.benchmark(lambda: None, "x", hold_ms=-1)
 
 
 def test_write_json(tmp_path):
     t = timing.Timing("v", median_ms=1.0, nbytes=1_000_000)
-    timing.write_json([t], tmp_path / "r.json", device="test")
+    timing.write_json([t, {"kernel": "k", "us": 2.5}], tmp_path / "r.json", device="test")
     data = json.loads((tmp_path / "r.json").read_text())
+    assert data["results"][1] == {"kernel": "k", "us": 2.5}  # plain dicts pass through
     assert data["meta"]["device"] == "test" and data["results"][0]["gbps"] == pytest.approx(1.0)
 
 

@@ -208,7 +208,9 @@ def test_bn_relu_maxpool_check_catches_last_maximum(rng):
 
 def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
     kernel = mutant(
-        fl.make_bn_backward_reduce, ("if zv * sc + sh > 0.0:", "if zv * sc + sh >= 0.0:")
+        fl.make_bn_backward_reduce,
+        ("if z1 * sc + sh > 0.0:", "if z1 * sc + sh >= 0.0:"),
+        ("if second and z2 * sc + sh > 0.0:", "if second and z2 * sc + sh >= 0.0:"),
     )(fl.BN_REDUCE_BLOCK)
 
     def broken(dpooled, argmax, z, mean, invstd, scale, shift, partials):

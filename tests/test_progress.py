@@ -291,6 +291,10 @@ def test_exercise_numbers_come_from_docstrings_even_of_a_broken_file(course):
     (exercises.CHAPTERS_DIR / "98_demo" / "solutions.py").unlink()
     numbers = exercises.exercise_numbers("98_demo")
     assert numbers == {"add_one": "98.1", "double": "98.2", "triple": "98.3"}
+    # a def whose arguments span lines (as ruff format writes a long one) keeps its number
+    course("98_demo", STUBS + '\n\ndef long_args(\n    a, b\n):\n    """Exercise 98.4: ..."""\n')
+    (exercises.CHAPTERS_DIR / "98_demo" / "solutions.py").unlink()
+    assert exercises.exercise_numbers("98_demo")["long_args"] == "98.4"
     assert sorted(["6.10", "6.2", "3.1b", "3.1a"], key=exercises.number_key) == [
         "3.1a",
         "3.1b",

@@ -230,9 +230,11 @@ def exercise_numbers(chapter: str) -> dict[str, str]:
         for line in text.splitlines():
             if line and not line[0].isspace():
                 match = _TOP_DEF.match(line)
-                # A decorator belongs to the def below it; any other top-level
+                # A decorator belongs to the def below it, and a ")" closes the
+                # argument list of a def split over lines; any other top-level
                 # line (a comment, an assignment) ends the function above.
-                current = match.group(1) if match else (current if line.startswith("@") else None)
+                keep = line.startswith(("@", ")"))
+                current = match.group(1) if match else (current if keep else None)
                 continue
             number = _NUMBER.search(line)
             if current and number and current not in found:
