@@ -1,0 +1,384 @@
+"""Two fused operators written as Numba kernels and registered with PyTorch.
+
+``course10::bias_gelu(x, b)``: y = GELU(x + b), the exact (erf) GELU of
+``torch.nn.functional.gelu``, for x (M, N) and b (N,), as after a linear layer.
+The composite ``F.gelu(x + b)`` runs two kernels forward (the add writes x + b,
+the GELU reads it back) and two backward (GELU's backward, then the column sum
+for b's gradient reads the gradient again). Ours: one kernel forward (read x,
+write y); backward, one kernel that recomputes x + b, writes dx and per-block
+column sums, and a small one that adds those sums into db.
+
+``course10::softmax_cross_entropy(logits, target)``: the per-row loss
+logsumexp(logits) - logits[target] for logits (N, C) and target (N,) int64,
+and its gradient (softmax - onehot) * dloss. The composite
+``F.cross_entropy(logits, target, reduction="none")`` writes the whole
+log-softmax forward and, backward, a dense gradient of the NLL before the
+log-softmax backward reads it. Ours reads the logits once forward (an online
+max and sum of exponentials, Milakov and Gimelshein 2018) and saves one
+number a row (the logsumexp); backward reads the logits once more and writes
+the gradient (the fused classifier of Karpathy's llm.c does the same).
+
+Each is a ``torch.library.custom_op`` with a ``register_fake`` (shapes and
+dtypes, for torch.compile and FakeTensor) and a ``register_autograd`` whose
+backward is itself a custom op running our kernels. The kernels are built per
+dtype (float32, and float64 so that ``torch.autograd.gradcheck`` can run) and
+launched on torch's current stream (bridge.py). A target outside [0, C) gives
+a NaN loss and a NaN gradient row, never a silently wrong number.
+"""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import ceil_div, import_sibling, pick
+
+import math
+
+import numpy as np
+import torch
+from numba import cuda
+
+bridge = import_sibling(__file__, "bridge")
+
+THREADS = pick(gpu=256, simulator=8)  # threads a block, along columns
+ROW_SPLITS = pick(gpu=64, simulator=3)  # bias_gelu: row groups (blocks along y)
+DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+# ---------------------------------------------------------------- bias + GELU
+
+
+def make_bias_gelu_kernels(np_dtype):
+    """(forward, backward, column_sum) kernels for one dtype. Constants carry the
+    dtype, so float32 kernels compute in float32 throughout."""
+    half = np_dtype(0.5)
+    one = np_dtype(1.0)
+    zero = np_dtype(0.0)
+    inv_sqrt2 = np_dtype(1.0 / math.sqrt(2.0))
+    inv_sqrt_2pi = np_dtype(1.0 / math.sqrt(2.0 * math.pi))
+
+    @cuda.jit(device=True, inline=True)
+    def gelu(z):
+        return half * z * (one + math.erf(z * inv_sqrt2))
+
+    @cuda.jit(device=True, inline=True)
+    def gelu_grad(z):  # d/dz [z Phi(z)] = Phi(z) + z phi(z)
+        return half * (one + math.erf(z * inv_sqrt2)) + z * inv_sqrt_2pi * math.exp(-half * z * z)
+
+    # Thread per column, blocks along y stride over rows: b[c] read once, every
+    # warp reads and writes 32 consecutive elements of a row.
+    @cuda.jit
+    def bias_gelu_forward(x, b, y):
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c >= x.shape[1]:
+            return
+        bc = b[c]
+        for r in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
+            y[r, c] = gelu(x[r, c] + bc)
+
+    # The same walk: dx = dy * GELU'(x + b), x + b recomputed (never stored
+    # forward), and this block's sum of dx down its column into partials.
+    @cuda.jit
+    def bias_gelu_backward(dy, x, b, dx, partials):
+        c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        if c >= x.shape[1]:
+            return
+        bc = b[c]
+        acc = zero
+        for r in range(cuda.blockIdx.y, x.shape[0], cuda.gridDim.y):
+            g = dy[r, c] * gelu_grad(x[r, c] + bc)
+            dx[r, c] = g
+            acc += g
+        partials[cuda.blockIdx.y, c] = acc
+
+    # db[c] = the row groups' partial sums, added in a fixed order (deterministic).
+    @cuda.jit
+    def column_sum(partials, db):
+        c = cuda.grid(1)
+        if c < db.shape[0]:
+            acc = zero
+            for r in range(partials.shape[0]):
+                acc += partials[r, c]
+            db[c] = acc
+
+    return bias_gelu_forward, bias_gelu_backward, column_sum
+
+
+# ------------------------------------------------------ softmax + cross-entropy
+
+
+def make_cross_entropy_kernels(np_dtype, BLOCK):
+    """(forward, backward) kernels for one dtype: a block of BLOCK threads a row."""
+    zero = np_dtype(0.0)
+    one = np_dtype(1.0)
+    minus_inf = np_dtype(-np.inf)
+    nan = np_dtype(np.nan)
+
+    @cuda.jit(device=True, inline=True)
+    def merge(m1, s1, m2, s2):
+        """(max, sum of exp(v - max)) of two parts, either of which may be empty."""
+        if s2 == zero:
+            return m1, s1
+        if s1 == zero:
+            return m2, s2
+        m = max(m1, m2)
+        return m, s1 * math.exp(m1 - m) + s2 * math.exp(m2 - m)
+
+    @cuda.jit
+    def cross_entropy_forward(logits, target, loss, lse):
+        n = cuda.blockIdx.x
+        t = cuda.threadIdx.x
+        classes = logits.shape[1]
+        m = minus_inf
+        s = zero
+        for c in range(t, classes, BLOCK):  # one pass: a running max and sum
+            m, s = merge(m, s, logits[n, c], one)
+        sm = cuda.shared.array(BLOCK, np_dtype)
+        ss = cuda.shared.array(BLOCK, np_dtype)
+        sm[t] = m
+        ss[t] = s
+        cuda.syncthreads()
+        stride = BLOCK // 2
+        while stride > 0:
+            if t < stride:
+                sm[t], ss[t] = merge(sm[t], ss[t], sm[t + stride], ss[t + stride])
+            cuda.syncthreads()
+            stride //= 2
+        if t == 0:
+            total = sm[0] + math.log(ss[0])
+            lse[n] = total
+            label = target[n]
+            loss[n] = total - logits[n, label] if 0 <= label < classes else nan
+
+    @cuda.jit
+    def cross_entropy_backward(dloss, logits, target, lse, dlogits):
+        n = cuda.blockIdx.x
+        label = target[n]
+        classes = logits.shape[1]
+        g = dloss[n] if 0 <= label < classes else nan
+        total = lse[n]
+        for c in range(cuda.threadIdx.x, classes, BLOCK):
+            p = math.exp(logits[n, c] - total)
+            dlogits[n, c] = g * (p - one) if c == label else g * p
+
+    return cross_entropy_forward, cross_entropy_backward
+
+
+_KERNELS: dict = {}
+
+
+def kernels(kind: str, dtype: torch.dtype):
+    """The kernels of ``kind`` ("bias_gelu", "cross_entropy") for ``dtype``, built once."""
+    if kind not in ("bias_gelu", "cross_entropy"):
+        raise ValueError(f"unknown kernel kind {kind!r}: 'bias_gelu' or 'cross_entropy'")
+    key = (kind, dtype)
+    if key not in _KERNELS:
+        np_dtype = DTYPES[dtype]
+        _KERNELS[key] = (
+            make_bias_gelu_kernels(np_dtype)
+            if kind == "bias_gelu"
+            else make_cross_entropy_kernels(np_dtype, THREADS)
+        )
+    return _KERNELS[key]
+
+
+# ------------------------------------------------------------- argument checks
+
+
+def _floating(t: torch.Tensor, name: str) -> None:
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; the kernels take float32 or float64")
+
+
+def check_bias_gelu_args(x: torch.Tensor, b: torch.Tensor) -> None:
+    """x (M, N) and b (N,), one floating dtype, one device; TypeError/ValueError otherwise."""
+    _floating(x, "x")
+    if b.dtype != x.dtype:
+        raise TypeError(f"b has dtype {b.dtype}, x {x.dtype}: they must match")
+    if x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1]:
+        raise ValueError(f"need x (M, N) and b (N,), got {tuple(x.shape)} and {tuple(b.shape)}")
+    if x.device != b.device:
+        raise ValueError(f"x is on {x.device}, b on {b.device}")
+
+
+def check_cross_entropy_args(logits: torch.Tensor, target: torch.Tensor) -> None:
+    """logits (N, C) floating, target (N,) int64 on the same device; errors otherwise."""
+    _floating(logits, "logits")
+    if target.dtype != torch.int64:
+        raise TypeError(f"target has dtype {target.dtype}; class indices are int64 (target.long())")
+    if logits.dim() != 2 or target.dim() != 1 or target.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"need logits (N, C) and target (N,), got {tuple(logits.shape)} and {tuple(target.shape)}"
+        )
+    if logits.device != target.device:
+        raise ValueError(f"logits are on {logits.device}, target on {target.device}")
+
+
+def view(t: torch.Tensor, name: str):
+    """A Numba view of an operator's input: detached (inside an operator the
+    inputs may still carry requires_grad; autograd runs around us, not through
+    us) and made contiguous (a copy only when it was not)."""
+    return bridge.numba_view(t.detach().contiguous(), name)
+
+
+def grid_rows(m: int) -> int:
+    """bias_gelu's blocks along y (row groups) for M rows."""
+    return max(1, min(m, ROW_SPLITS))
+
+
+# ------------------------------------------------------------ the operators
+
+
+def launch_bias_gelu_forward(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y = GELU(x + b) by our forward kernel on torch's current stream; x (M, N),
+    b (N,), float32 or float64 (TypeError/ValueError otherwise). Returns y,
+    contiguous. Both routes (this custom op, autograd_function.py) call it."""
+    check_bias_gelu_args(x, b)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    if x.numel():
+        forward, _, _ = kernels("bias_gelu", x.dtype)
+        m, n = x.shape
+        forward[(ceil_div(n, THREADS), grid_rows(m)), THREADS, bridge.torch_stream()](
+            view(x, "x"), view(b, "b"), bridge.numba_view(y, "y")
+        )
+    return y
+
+
+def launch_bias_gelu_backward(
+    dy: torch.Tensor, x: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx (M, N), db (N,)) of y = GELU(x + b) given dy (M, N), by our backward
+    kernels on torch's current stream; errors as launch_bias_gelu_forward."""
+    check_bias_gelu_args(x, b)
+    dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+    db = torch.empty_like(b)
+    m, n = x.shape
+    if x.numel() == 0:
+        return dx, db.zero_()
+    _, backward, column_sum = kernels("bias_gelu", x.dtype)
+    rows = grid_rows(m)
+    partials = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    stream = bridge.torch_stream()
+    backward[(ceil_div(n, THREADS), rows), THREADS, stream](
+        view(dy, "dy"),
+        view(x, "x"),
+        view(b, "b"),
+        bridge.numba_view(dx, "dx"),
+        bridge.numba_view(partials, "partials"),
+    )
+    column_sum[ceil_div(n, THREADS), THREADS, stream](
+        bridge.numba_view(partials, "partials"), bridge.numba_view(db, "db")
+    )
+    return dx, db
+
+
+@torch.library.custom_op("course10::bias_gelu", mutates_args=())
+def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y = GELU(x + b) (exact, erf), x (M, N), b (N,), float32 or float64."""
+    return launch_bias_gelu_forward(x, b)
+
+
+@bias_gelu.register_fake
+def _(x, b):
+    check_bias_gelu_args(x, b)
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("course10::bias_gelu_backward", mutates_args=())
+def bias_gelu_backward(
+    dy: torch.Tensor, x: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, db) of y = GELU(x + b) given dy (M, N)."""
+    return launch_bias_gelu_backward(dy, x, b)
+
+
+@bias_gelu_backward.register_fake
+def _(dy, x, b):
+    check_bias_gelu_args(x, b)
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(b)
+
+
+def _bias_gelu_setup(ctx, inputs, output):
+    x, b = inputs
+    ctx.save_for_backward(x, b)
+
+
+def _bias_gelu_grad(ctx, dy):
+    x, b = ctx.saved_tensors
+    return bias_gelu_backward(dy, x, b)  # view() makes dy contiguous
+
+
+bias_gelu.register_autograd(_bias_gelu_grad, setup_context=_bias_gelu_setup)
+
+
+@torch.library.custom_op("course10::softmax_cross_entropy", mutates_args=())
+def softmax_cross_entropy_with_lse(
+    logits: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, logsumexp), each (N,): loss[n] = logsumexp(logits[n]) - logits[n, target[n]]."""
+    check_cross_entropy_args(logits, target)
+    n = logits.shape[0]
+    loss = torch.empty(n, dtype=logits.dtype, device=logits.device)
+    lse = torch.empty(n, dtype=logits.dtype, device=logits.device)
+    if n and logits.shape[1]:
+        forward, _ = kernels("cross_entropy", logits.dtype)
+        forward[n, THREADS, bridge.torch_stream()](
+            view(logits, "logits"),
+            view(target, "target"),
+            bridge.numba_view(loss, "loss"),
+            bridge.numba_view(lse, "lse"),
+        )
+    else:
+        loss.fill_(math.nan)
+        lse.fill_(math.nan)
+    return loss, lse
+
+
+@softmax_cross_entropy_with_lse.register_fake
+def _(logits, target):
+    check_cross_entropy_args(logits, target)
+    n = logits.shape[0]
+    return logits.new_empty(n), logits.new_empty(n)
+
+
+@torch.library.custom_op("course10::softmax_cross_entropy_backward", mutates_args=())
+def softmax_cross_entropy_backward(
+    dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor
+) -> torch.Tensor:
+    """dlogits (N, C) = dloss[n] * (softmax(logits[n]) - onehot(target[n]))."""
+    check_cross_entropy_args(logits, target)
+    dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    if logits.numel():
+        _, backward = kernels("cross_entropy", logits.dtype)
+        backward[logits.shape[0], THREADS, bridge.torch_stream()](
+            view(dloss, "dloss"),
+            view(logits, "logits"),
+            view(target, "target"),
+            view(lse, "lse"),
+            bridge.numba_view(dlogits, "dlogits"),
+        )
+    return dlogits
+
+
+@softmax_cross_entropy_backward.register_fake
+def _(dloss, logits, target, lse):
+    check_cross_entropy_args(logits, target)
+    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+
+
+def _ce_setup(ctx, inputs, output):
+    logits, target = inputs
+    _, lse = output
+    ctx.save_for_backward(logits, target, lse)
+
+
+def _ce_grad(ctx, dloss, dlse):
+    # dlse: the logsumexp is returned for the backward only; nothing downstream
+    # differentiates it (torch passes zeros or None).
+    logits, target, lse = ctx.saved_tensors
+    return softmax_cross_entropy_backward(dloss, logits, target, lse), None
+
+
+softmax_cross_entropy_with_lse.register_autograd(_ce_grad, setup_context=_ce_setup)
+
+
+def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The per-row loss (N,), as ``F.cross_entropy(logits, target, reduction="none")``."""
+    loss, _ = softmax_cross_entropy_with_lse(logits, target)
+    return loss

@@ -1,0 +1,108 @@
+"""Chapter 10 scripts: the autograd.Function route, torch.compile and explain, numba_view's
+refusals, and every script's main() in the simulator."""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.internal.exercises import load_chapter_module
+
+import pytest
+import torch
+
+CHAPTER = "10_pytorch_extensions"
+ops = load_chapter_module(CHAPTER, "ops")
+bridge = load_chapter_module(CHAPTER, "bridge")
+af = load_chapter_module(CHAPTER, "autograd_function")
+cg = load_chapter_module(CHAPTER, "compile_and_graphs")
+DEVICE = "cpu" if common.is_simulator() else "cuda"
+
+
+def _tensor(rng, *shape, dtype=torch.float32):
+    return torch.from_numpy(rng.standard_normal(shape)).to(DEVICE, dtype)
+
+
+# One element; columns that don't divide the block (8 in the simulator); rows that
+# don't divide the row groups (3); more rows than row groups.
+@pytest.mark.parametrize("m, n", [(1, 1), (1, 9), (4, 8), (7, 17)])
+def test_autograd_function_equals_custom_op(rng, m, n):
+    x, b, dy = _tensor(rng, m, n), _tensor(rng, n), _tensor(rng, m, n)
+    ours = af.forward_backward(af.bias_gelu_function, x, b, dy)
+    theirs = af.forward_backward(ops.bias_gelu, x, b, dy)
+    ref = af.reference(x, b, dy)
+    for a, c, r in zip(ours, theirs, ref):
+        assert torch.equal(a, c)  # the same kernels, the same launch
+        common.check(a, r, tol=1e-5)
+
+
+def test_autograd_function_non_contiguous_input(rng):
+    x, b = _tensor(rng, 9, 4).t(), _tensor(rng, 9)
+    common.check(af.bias_gelu_function(x, b), torch.nn.functional.gelu(x.double() + b.double()))
+
+
+def test_autograd_function_gradcheck(rng):
+    x = _tensor(rng, 3, 10, dtype=torch.float64).requires_grad_()
+    b = _tensor(rng, 10, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(af.bias_gelu_function, (x, b))
+
+
+def test_explain_custom_op_is_one_graph(rng):
+    inputs = cg.make_inputs(torch.Generator().manual_seed(int(rng.integers(1 << 30))), DEVICE)
+    report = cg.explain(cg.loss_custom_op, inputs, "custom op")
+    assert (report.graph_count, report.graph_break_count) == (1, 0)
+    report = cg.explain(cg.loss_autograd_function, inputs, "autograd.Function")
+    assert report.graph_break_count > 0  # traced into forward: breaks at the Numba launch
+
+
+def test_compile_aot_eager_matches_eager(rng):
+    inputs = cg.make_inputs(torch.Generator().manual_seed(int(rng.integers(1 << 30))), DEVICE)
+    eager = cg.loss_and_grads(cg.loss_custom_op, inputs)
+    got = cg.loss_and_grads(cg.compiled(cg.loss_custom_op, "aot_eager"), inputs)
+    for a, c in zip(got, eager):
+        common.check(a, c, tol=1e-6)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        cg.loss_and_grads(cg.compiled(cg.loss_autograd_function, "aot_eager"), inputs)
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: torch.randn(4, 3, requires_grad=True), ValueError, ["requires grad", ".detach()"]),
+        (lambda: torch.randn(4, 3).t(), ValueError, ["not contiguous", ".contiguous()"]),
+        (
+            lambda: torch.randn(4, 3, dtype=torch.float64),
+            TypeError,
+            ["float64", ".to(torch.float32)"],
+        ),
+        (lambda: [1.0, 2.0], TypeError, ["torch.Tensor", "list"]),
+    ],
+)
+def test_numba_view_refusals_name_the_fix(make, error, words):
+    t = make()
+    if isinstance(t, torch.Tensor):
+        t = t.to(DEVICE) if not t.requires_grad else t.detach().to(DEVICE).requires_grad_()
+    with pytest.raises(error) as info:
+        bridge.numba_view(t, "t", dtype=torch.float32)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_numba_view_shares_memory(rng):
+    t = _tensor(rng, 3, 4)
+    bridge.numba_view(t)[1, 2] = 5.0
+    assert float(t[1, 2]) == 5.0
+
+
+@pytest.mark.parametrize(
+    "script, argv",
+    [
+        ("autograd_function", []),
+        ("dispatch_overhead", ["--out", "{tmp}"]),
+        ("pitfalls", ["--out", "{tmp}"]),
+        ("compile_and_graphs", ["--backend", "aot_eager"]),
+    ],
+)
+def test_script_main_exits_0(script, argv, tmp_path, capsys):
+    module = load_chapter_module(CHAPTER, script)
+    assert module.main([a.format(tmp=tmp_path) for a in argv]) == 0
+    out = capsys.readouterr().out
+    assert "CHECK FAILED" not in out
+    if "--out" in argv:
+        assert (tmp_path / f"{script}.json").is_file()
