@@ -21,6 +21,7 @@ cm = load_chapter_module("10_pytorch_extensions", "capstone_module")
 CONFIG = NetConfig(height=8, width=8, c1=TINY.c1, c2=TINY.c2, hidden=TINY.hidden)
 LR = TINY.lr
 MAX_BATCH = 4
+DEVICE = "cpu" if common.is_simulator() else "cuda"  # where CapstoneNet's tensors live
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +32,12 @@ def seed(request):
 
 
 def random_batch(seed: int, n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    """n images of N(0, 1) (n = 3: not the max batch) and labels in [0, 10), int64."""
+    """n images of N(0, 1) (n = 3: not the max batch) and labels in [0, 10), int64,
+    on DEVICE."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, 1, CONFIG.height, CONFIG.width)).astype(np.float32)
     y = rng.integers(0, CONFIG.num_classes, n)
-    return torch.from_numpy(x), torch.from_numpy(y)
+    return torch.from_numpy(x).to(DEVICE), torch.from_numpy(y).to(DEVICE)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def one_step(seed):
     optimizer.step()
 
     ref = FastCNN(CONFIG, MAX_BATCH, seed=seed, graph=False)
-    ref.train_step(x.numpy(), y.numpy().astype(np.int32), LR)
+    ref.train_step(x.cpu().numpy(), y.cpu().numpy().astype(np.int32), LR)
     ref.synchronize()
     return {
         "seed": seed,
@@ -115,9 +117,9 @@ def test_one_torch_sgd_step_equals_fastcnn_train_step(one_step):
     s = one_step
     after = s["net"].state_dict()
     for name in PARAM_NAMES:
-        old, grad = s["before"][name].numpy(), s["ref_grads"][name]
+        old, grad = s["before"][name].cpu().numpy(), s["ref_grads"][name]
         if name not in ("conv1.bias", "conv2.bias"):  # batchnorm cancels a conv bias: grad ~0
-            assert not np.array_equal(after[name].numpy(), old), f"{name} did not move"
+            assert not np.array_equal(after[name].cpu().numpy(), old), f"{name} did not move"
         # torch: p + (-lr) * g in float32; FastCNN: p - lr * g with lr in float64,
         # one rounding to float32: a couple of roundings of |p| + lr |g| apart.
         tol = rounding_tolerance(s["ref_state"][name], np.abs(old) + LR * np.abs(grad), 3, 0.0)

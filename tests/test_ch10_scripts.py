@@ -4,6 +4,7 @@ refusals, and every script's main() in the simulator."""
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.internal.exercises import load_chapter_module
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,9 +86,41 @@ def test_numba_view_refusals_name_the_fix(make, error, words):
 
 
 def test_numba_view_shares_memory(rng):
+    for cached in (True, False):
+        t = _tensor(rng, 3, 4)
+        bridge.numba_view(t, cached=cached)[1, 2] = 5.0
+        assert float(t[1, 2]) == 5.0
+
+
+def test_numba_view_is_made_once_per_address_shape_and_dtype(rng):
     t = _tensor(rng, 3, 4)
-    bridge.numba_view(t)[1, 2] = 5.0
-    assert float(t[1, 2]) == 5.0
+    view = bridge.numba_view(t)
+    assert bridge.numba_view(t) is view  # the same tensor: the cached view
+    assert bridge.numba_view(t.detach()) is view  # another tensor, the same memory
+    assert bridge.numba_view(t, cached=False) is not view
+    flat = bridge.numba_view(t.view(-1))  # the same address, another shape
+    assert flat.shape == (12,) and view.shape == (3, 4)
+    ints = bridge.numba_view(t.view(torch.int32))  # the same address, another dtype
+    assert ints.dtype == np.int32 and view.dtype == np.float32
+    np.testing.assert_array_equal(view.copy_to_host(), t.cpu().numpy())
+
+
+def test_numba_view_cache_is_bounded_and_reads_the_current_tensor(rng, monkeypatch):
+    monkeypatch.setattr(bridge, "VIEW_CACHE_SIZE", 3)
+    monkeypatch.setattr(bridge, "_VIEWS", type(bridge._VIEWS)())
+    first = _tensor(rng, 2, 5)
+    view = bridge.numba_view(first)
+    others = [_tensor(rng, 2, 5) for _ in range(3)]
+    for t in others:
+        bridge.numba_view(t)
+    assert len(bridge._VIEWS) == 3
+    assert bridge.numba_view(first) is not view  # dropped, least recently used
+    # Memory freed and handed out again (torch's caching allocator on a GPU
+    # often returns the same address): the view shows the new tensor's values.
+    del first, others
+    for _ in range(3):
+        fresh = _tensor(rng, 2, 5)
+        np.testing.assert_array_equal(bridge.numba_view(fresh).copy_to_host(), fresh.cpu().numpy())
 
 
 @pytest.mark.parametrize(

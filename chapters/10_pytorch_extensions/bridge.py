@@ -2,11 +2,20 @@
 
 Two things every operator of this chapter does before it launches a kernel:
 
-1. **A view, not a copy.** ``numba_view(t)`` gives a Numba device array over
-   the tensor's own memory (``cuda.as_cuda_array``, through the CUDA Array
-   Interface). A kernel that writes the view writes the tensor. In the
-   simulator, where tensors live on the CPU, the view wraps the tensor's NumPy
-   view the same way (``t.numpy()`` shares memory too).
+1. **A view, not a copy, made once.** ``numba_view(t)`` gives a Numba device
+   array over the tensor's own memory (through the CUDA Array Interface, as
+   ``cuda.as_cuda_array`` does). A kernel that writes the view writes the
+   tensor. In the simulator, where tensors live on the CPU, the view wraps the
+   tensor's NumPy view the same way (``t.numpy()`` shares memory too).
+   Making a view costs about as much as a launch (measured in
+   dispatch_overhead.py), and a new view object costs the launch more again
+   (Numba works out its type afresh). But a view of a contiguous tensor is
+   nothing more than (address, shape, dtype): two tensors with those three
+   equal have the same view, whichever object owns the memory. So views are
+   cached under that key, made without a reference to the tensor (the cache
+   keeps no memory alive), and a training loop, where torch's caching
+   allocator hands the same addresses back each step, makes each view once.
+   The caller holds the tensor while the kernel runs, so the address is live.
 2. **The right stream.** torch queues its kernels on its *current* stream,
    which is not always the legacy default stream Numba launches on when given
    none (``torch.cuda.stream(s)``, CUDA graphs, torch.compile's
@@ -15,6 +24,14 @@ Two things every operator of this chapter does before it launches a kernel:
    stream and cached, so a launch ``kernel[grid, block, torch_stream()]`` is
    ordered after the torch work that produced its inputs and before the torch
    work that reads its outputs.
+
+Both are hidden from ``torch.compile`` (``torch.compiler.disable``): traced by
+Dynamo, ``torch.cuda.current_stream()`` becomes a placeholder ``torch.Stream``
+without ``cuda_stream``, and a view's device pointer does not exist for the
+fake tensors Dynamo traces with. Code that calls them outside a custom op (an
+``autograd.Function``, a plain function) therefore gets a graph break there and
+runs them eagerly; a custom op's body is never traced, so it gets none
+(compile_and_graphs.py counts both).
 
 Both refuse what would go wrong or slow silently: a tensor that requires grad
 (wrap ``t.detach()``: same memory), one on the wrong device, a dtype the kernel
@@ -26,19 +43,27 @@ pass ``t.contiguous()``).
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import is_simulator
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
 from numba import cuda
 
 _STREAMS: dict[int, Any] = {}
+_VIEWS: OrderedDict[tuple, Any] = OrderedDict()  # (address, shape, dtype, device) -> view
+VIEW_CACHE_SIZE = 256  # views kept, least recently used dropped first
 
 
-def numba_view(t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None = None) -> Any:
+@torch.compiler.disable
+def numba_view(
+    t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None = None, cached: bool = True
+) -> Any:
     """A Numba device array sharing ``t``'s memory (no copy).
 
     t: a contiguous tensor, on the GPU (or the CPU in the simulator); dtype:
-    the dtype it must have (None: any). Raises TypeError for a non-tensor or the
+    the dtype it must have (None: any); cached: reuse the view made earlier for
+    the same address, shape, dtype and device (False: a new view, as
+    ``cuda.as_cuda_array`` would make). Raises TypeError for a non-tensor or the
     wrong dtype, ValueError for a tensor that requires grad, lives on the wrong
     device or is not contiguous, each message naming the fix.
     """
@@ -57,14 +82,33 @@ def numba_view(t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None 
     if is_simulator():
         if t.device.type != "cpu":
             raise ValueError(f"{name} is on {t.device}; the simulator runs on CPU tensors")
+    elif t.device.type != "cuda":
+        raise ValueError(f"{name} is on {t.device}: move it with {name}.cuda()")
+    if not cached:
+        return _new_view(t)
+    key = (t.data_ptr(), t.shape, t.dtype, t.device)
+    view = _VIEWS.get(key)
+    if view is None:
+        view = _VIEWS[key] = _new_view(t)
+        if len(_VIEWS) > VIEW_CACHE_SIZE:
+            _VIEWS.popitem(last=False)
+    else:
+        _VIEWS.move_to_end(key)
+    return view
+
+
+def _new_view(t: torch.Tensor) -> Any:
+    if is_simulator():
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
-        return FakeCUDAArray(t.numpy())  # the simulator's device array, over the same memory
-    if t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}: move it with {name}.cuda()")
-    return cuda.as_cuda_array(t)
+        # The simulator's device array over the same memory. It holds the tensor
+        # (NumPy's base), so in the simulator a cached address cannot be reused.
+        return FakeCUDAArray(t.numpy())
+    # owner=None: the view does not keep the tensor alive, nor ever frees it
+    return cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=None)
 
 
+@torch.compiler.disable
 def torch_stream() -> Any:
     """Numba's handle to torch's current CUDA stream (0 in the simulator), cached per stream."""
     if is_simulator():

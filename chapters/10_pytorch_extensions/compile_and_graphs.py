@@ -7,8 +7,9 @@ of autograd_function.py in place of ``course10::bias_gelu``.
 1  ``torch._dynamo.explain``: how many graphs torch.compile's tracer makes
    and where it breaks. A custom op is one opaque node (its fake
    implementation gives the output's shape and dtype): one graph, no break.
-   An autograd.Function is traced into, and the tracer cannot follow a Numba
-   launch: it breaks the graph there.
+   An autograd.Function is traced into, and a Numba launch cannot be traced
+   (bridge.py hides its view and stream helpers from the tracer with
+   torch.compiler.disable): the graph breaks at each of them.
 2  ``torch.compile(fullgraph=True)``: runs the custom-op version (forward
    and backward) and matches eager; the autograd.Function version is refused.
 3  CUDA graphs (GPU only): the custom-op version's forward and backward
@@ -167,11 +168,10 @@ def cuda_graph_replay(inputs, trials: int = 3) -> None:
         w.grad = None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        capture_stream = torch.cuda.current_stream().cuda_stream
         static_loss = loss_custom_op(x, w1, b1, w2, target)
         static_loss.backward()
-    if capture_stream not in bridge._STREAMS:
-        raise CheckError("no launch went to the capture stream: the graph holds no kernel of ours")
+    # A launch that missed the capture stream is not in the graph: replays on new
+    # inputs would then leave its outputs stale, and the checks below fail.
     g = torch.Generator().manual_seed(1)
     for trial in range(trials):
         fresh = make_inputs(g, "cuda")

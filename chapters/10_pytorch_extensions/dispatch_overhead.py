@@ -4,22 +4,25 @@ bias + GELU on a tiny input (4 x 256 = 1024 floats), so the GPU work is a few
 microseconds and what is measured is the host's cost per call:
 
 path a  raw launch, Numba device arrays made once (the floor: Numba's launch)
-path b  a + numba_view() of the three tensors on every call (bridge.py)
-path c  torch tensors passed straight to the kernel (Numba reads their
+path b  a + a new view of each of the three tensors on every call
+        (numba_view(cached=False), what cuda.as_cuda_array makes)
+path c  a + numba_view() of the three tensors on every call: the views
+        bridge.py cached on the first call (the same address, shape, dtype)
+path d  torch tensors passed straight to the kernel (Numba reads their
         __cuda_array_interface__ on every call)
-path d  the autograd.Function forward (autograd_function.py): + checks, an
+path e  the autograd.Function forward (autograd_function.py): + checks, an
         output allocation, torch_stream(), Function.apply
-path e  the custom op forward, torch.ops.course10.bias_gelu (ops.py): + the
+path f  the custom op forward, torch.ops.course10.bias_gelu (ops.py): + the
         dispatcher
-path f  x + b, one plain torch op, for scale (torch's own launch)
-path g  F.gelu(x + b), the composite our operator replaces (two torch ops)
+path g  x + b, one plain torch op, for scale (torch's own launch)
+path h  F.gelu(x + b), the composite our operator replaces (two torch ops)
 
 Host time per call: synchronize, time.perf_counter around many calls,
 synchronize; the median of several repeats. Launches are asynchronous, so
 while the kernel is shorter than the call, this is the host's cost alone.
 Then, on a GPU, where that cost stops mattering: the GPU time of the forward
 kernel (CUDA events, the stream held so the host queues every call first) at
-a few sizes, and the size at which it equals path e's cost per call.
+a few sizes, and the size at which it equals path f's cost per call.
 
 Run:   python chapters/10_pytorch_extensions/dispatch_overhead.py [--out DIR]
 In the simulator, nothing is timed: each path runs once and is checked.
@@ -45,18 +48,20 @@ interop = load_chapter_module("07_libraries", "interop")  # per_launch_us: the h
 
 M, N = 4, 256  # 1024 floats
 CALLS, REPEATS = 2000, 7
-SIZES = [1 << k for k in (10, 14, 16, 18, 20, 22, 24)]  # elements, for the crossover (N = 1024)
+SIZES = [1 << k for k in (10, 14, 16, 18, 20, 22, 24, 26)]  # elements, for the crossover (N = 1024)
 
 
 def raw_launch(kernel, grid, stream, x, b, y):
-    """Path a, and path c when x, b, y are torch tensors: the launch alone."""
+    """Path a, and path d when x, b, y are torch tensors: the launch alone."""
     kernel[grid, ops.THREADS, stream](x, b, y)
 
 
-def view_each_call(kernel, grid, stream, x, b, y):
-    """Path b: numba_view of every tensor, then the launch."""
+def view_each_call(kernel, grid, stream, x, b, y, cached=True):
+    """Paths b and c: numba_view of every tensor, then the launch."""
     kernel[grid, ops.THREADS, stream](
-        bridge.numba_view(x, "x"), bridge.numba_view(b, "b"), bridge.numba_view(y, "y")
+        bridge.numba_view(x, "x", cached=cached),
+        bridge.numba_view(b, "b", cached=cached),
+        bridge.numba_view(y, "y", cached=cached),
     )
 
 
@@ -66,7 +71,7 @@ def paths(x: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> dict:
     grid = (ceil_div(N, ops.THREADS), ops.grid_rows(M))
     stream = bridge.torch_stream()
     xn, bn, yn = bridge.numba_view(x), bridge.numba_view(b), bridge.numba_view(y)
-    # In the simulator a CPU tensor has no __cuda_array_interface__: path c passes
+    # In the simulator a CPU tensor has no __cuda_array_interface__: path d passes
     # NumPy views of the tensors (the simulator's own argument handling).
     xs, bs, ys = (x, b, y) if not common.is_simulator() else (x.numpy(), b.numpy(), y.numpy())
     out: dict = {}  # d, e, f, g return their result: kept here to check it
@@ -75,26 +80,30 @@ def paths(x: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> dict:
             partial(raw_launch, forward, grid, stream, xn, bn, yn),
             lambda: y,
         ),
-        "b: launch + numba_view per call": (
+        "b: launch + a new view per call": (
+            partial(view_each_call, forward, grid, stream, x, b, y, cached=False),
+            lambda: y,
+        ),
+        "c: launch + numba_view (cached)": (
             partial(view_each_call, forward, grid, stream, x, b, y),
             lambda: y,
         ),
-        "c: launch, torch tensors passed": (
+        "d: launch, torch tensors passed": (
             partial(raw_launch, forward, grid, stream, xs, bs, ys),
             lambda: y,
         ),
-        "d: autograd.Function forward": (
-            partial(_keep, out, "d", autograd_function.bias_gelu_function, x, b),
-            partial(out.get, "d"),
-        ),
-        "e: custom op forward": (
-            partial(_keep, out, "e", torch.ops.course10.bias_gelu, x, b),
+        "e: autograd.Function forward": (
+            partial(_keep, out, "e", autograd_function.bias_gelu_function, x, b),
             partial(out.get, "e"),
         ),
-        "f: x + b (one torch op)": (partial(_keep, out, "f", torch.add, x, b), None),
-        "g: F.gelu(x + b) (composite)": (
-            partial(_keep, out, "g", _composite, x, b),
-            partial(out.get, "g"),
+        "f: custom op forward": (
+            partial(_keep, out, "f", torch.ops.course10.bias_gelu, x, b),
+            partial(out.get, "f"),
+        ),
+        "g: x + b (one torch op)": (partial(_keep, out, "g", torch.add, x, b), None),
+        "h: F.gelu(x + b) (composite)": (
+            partial(_keep, out, "h", _composite, x, b),
+            partial(out.get, "h"),
         ),
     }
 
@@ -160,7 +169,7 @@ def main(argv=None) -> int:
         save_results(results, args.out, "dispatch_overhead")
         return 0
 
-    op_us = next(r for r in results if r.name.startswith("e:")).extra["us_per_call"]
+    op_us = next(r for r in results if r.name.startswith("f:")).extra["us_per_call"]
     gpu_us = []
     print(f"GPU time of the bias_gelu forward (N = 1024) vs the custom op's {op_us:.1f} us a call:")
     for size in SIZES:
