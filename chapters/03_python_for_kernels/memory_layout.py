@@ -4,7 +4,7 @@ part 1 (NumPy) flat index arithmetic i * ncols + j, strides, views vs copies, co
 part 2 (NumPy) integer widths: int32 index arithmetic that overflows for a large matrix
 version 1 copy_2d on a row-major array: neighbouring threads read neighbouring addresses
 version 2 copy_2d on A.T (a strided view): the same kernel; neighbouring threads read
-          addresses ncols * 4 bytes apart, so each warp touches 32 different memory segments
+          addresses ncols * 4 bytes apart, so each warp touches 32 different 32-byte sectors
 
 Run: python chapters/03_python_for_kernels/memory_layout.py [--out runs/03_python_for_kernels]
 """
@@ -56,8 +56,8 @@ def show_int_overflow():
 
 
 # The same kernel for both layouts: thread (x=col, y=row) copies src[row, col].
-# Cost: 4 bytes read + 4 written a thread; whether a warp's 32 reads fall in one
-# 128-byte segment or in 32 of them depends only on src's strides.
+# Cost: 4 bytes read + 4 written a thread; whether a warp's 32 reads fall in four
+# 32-byte sectors (one 128-byte line) or in 32 sectors depends only on src's strides.
 @cuda.jit
 def copy_2d(src, dst):
     col, row = cuda.grid(2)

@@ -51,7 +51,7 @@ def rgb_to_gray_2d(img, weights, gray):
 
 # version 2: thread (col j, row i) computes C[i, j] = sum_k A[i, k] * B[k, j].
 # Every thread reads a whole row of A and a column of B from global memory:
-# 2 loads per FMA, no reuse (chapter 7 tiles this through shared memory).
+# 2 loads per FMA, no reuse (chapter 8 tiles this through shared memory).
 @cuda.jit
 def matmul_naive(a, b, c):
     j, i = cuda.grid(2)
