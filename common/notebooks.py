@@ -38,6 +38,7 @@ def notebook_paths() -> list[Path]:
 def banner() -> str:
     """One line naming where the notebook ran: the GPU and library versions, or the simulator."""
     import common
+    from common.runtime import device_name
 
     import numba_cuda
     import torch
@@ -48,7 +49,7 @@ def banner() -> str:
             "Ran in the Numba CUDA simulator (no GPU): every kernel runs and is checked, "
             f"nothing is timed ({versions})"
         )
-    return f"Ran on an {common.device_name()} ({versions})"
+    return f"Ran on an {device_name()} ({versions})"
 
 
 def strip_volatile(nb) -> None:

@@ -53,6 +53,69 @@ def test_committed_notebook_holds_no_simulator_output(path):
     assert "Ran in the Numba CUDA simulator" not in text
 
 
+GPU_BANNER = re.compile(r"^Ran on an? (NVIDIA .+) \(numba-cuda [\d.]+, torch \S+\)$")
+
+
+def committed_run_problems(nb) -> list[str]:
+    """What is wrong with ``nb``'s outputs as a committed GPU run: every code cell ran once,
+    top to bottom in one kernel, without an error, and the banner names an NVIDIA GPU."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    problems = []
+    counts = [c.execution_count for c in code]
+    if counts != list(range(1, len(code) + 1)):
+        problems.append(f"execution counts {counts}: not one top-to-bottom run of every cell")
+    errors = [o.ename for c in code for o in c.outputs if o.output_type == "error"]
+    if errors:
+        problems.append(f"error outputs: {errors}")
+    banner = "".join(o.get("text", "") for o in code[0].outputs if o.output_type == "stream")
+    if not GPU_BANNER.match(banner.strip()):
+        problems.append(f"the banner cell printed {banner.strip()!r}, not the GPU's name")
+    return problems
+
+
+@pytest.mark.parametrize("path", PATHS, ids=IDS)
+def test_committed_outputs_come_from_a_gpu_run_that_names_the_gpu(path):
+    # Regenerate with `python -m common.notebooks` on a GPU machine.
+    problems = committed_run_problems(nbformat.read(path, as_version=4))
+    assert not problems, f"{path.relative_to(notebooks.ROOT)}: " + "; ".join(problems)
+
+
+def test_committed_run_check_refuses_simulator_partial_and_failed_runs():
+    def run(banner: str, counts=(1, 2), error: bool = False):
+        nb = nbformat.v4.new_notebook()
+        cells = [nbformat.v4.new_code_cell("print(banner())"), nbformat.v4.new_code_cell("x")]
+        cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text=banner + "\n")]
+        for cell, count in zip(cells, counts):
+            cell.execution_count = count
+        if error:
+            cells[1].outputs = [
+                nbformat.v4.new_output("error", ename="ValueError", evalue="x", traceback=[])
+            ]
+        nb.cells = [nbformat.v4.new_markdown_cell("# t"), *cells]
+        return committed_run_problems(nb)
+
+    gpu = "Ran on an NVIDIA H100 80GB HBM3 (numba-cuda 0.30.4, torch 2.11.0+cu130)"
+    assert run(gpu) == []
+    sim = "Ran in the Numba CUDA simulator (no GPU): every kernel runs and is checked"
+    assert "not the GPU's name" in run(sim)[0]
+    assert "not the GPU's name" in run("")[0]
+    assert "top-to-bottom" in run(gpu, counts=(1, None))[0]
+    assert "top-to-bottom" in run(gpu, counts=(2, 1))[0]
+    assert "ValueError" in run(gpu, error=True)[0]
+
+
+def test_banner_names_the_gpu_on_a_gpu(monkeypatch):
+    # The GPU branch of banner() never runs in the simulator; pin what it prints
+    # to the pattern the committed-outputs test reads.
+    import common.runtime
+
+    monkeypatch.setattr(common, "is_simulator", lambda: False)
+    monkeypatch.setattr(common.runtime, "device_name", lambda: "NVIDIA H100 80GB HBM3")
+    line = notebooks.banner()
+    assert GPU_BANNER.match(line), line
+    assert GPU_BANNER.match(line).group(1) == "NVIDIA H100 80GB HBM3"
+
+
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
 def test_readme_links_its_notebook(path):
     readme = (path.parent / "README.md").read_text()

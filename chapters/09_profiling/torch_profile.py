@@ -52,6 +52,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -630,7 +631,11 @@ def main(argv: list[str] | None = None) -> int:
             ]
             if k or args.no_torch_table:
                 child.append("--no-torch-table")
-            worst = max(worst, subprocess.run(child).returncode)
+            code = subprocess.run(child).returncode
+            if code:  # negative: killed by a signal, which max() over codes would hide
+                why = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                print(f"profiling {name} failed: {why}", file=sys.stderr)
+                worst = 1
         return worst
     net = tiny_config() if sim else NetConfig()
     cuda_activity = not sim and torch.cuda.is_available()
@@ -720,4 +725,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    run_script(main)
+    try:
+        run_script(main)
+    except SystemExit as done:
+        # torch 2.11's profiler, once it has recorded CUDA activity, frees memory
+        # twice while the interpreter tears down, and glibc aborts the process
+        # ("double free or corruption") after all output is written and closed.
+        # End the script without that teardown, so its exit code is main()'s.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(done.code if isinstance(done.code, int) else 1)

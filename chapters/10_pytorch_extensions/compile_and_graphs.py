@@ -153,12 +153,18 @@ def cuda_graph_replay(inputs, trials: int = 3) -> None:
     compiles every kernel, which must not happen during capture), set the
     gradients to None so that backward allocates them from the graph's pool,
     capture, then copy new data into the static inputs before each replay.
+
+    The weights are fresh leaves made on the side stream: autograd remembers
+    the stream on which a leaf's gradient accumulator was made (here, the
+    legacy default stream of the eager checks before), and a backward captured
+    on another stream that has to wait on the legacy stream fails with "operation
+    would make the legacy stream depend on a capturing blocking stream".
     """
-    x, w1, b1, w2, target = inputs
-    weights = (w1, b1, w2)
+    x, target = inputs[0], inputs[4]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
+        weights = w1, b1, w2 = [w.detach().clone().requires_grad_() for w in inputs[1:4]]
         for _ in range(3):
             for w in weights:
                 w.grad = None
