@@ -15,6 +15,8 @@ What a learner uses, all importable from ``common``:
   an operation; the command line every chapter script shares.
 * ``intentional_race`` -- marks a demo that races on purpose (the simulator's
   race detector reports any other race as a ``RaceError``).
+* ``BarrierError`` -- the simulator's report of a ``cuda.syncthreads()`` that not
+  every running thread of a block reaches (a barrier inside a branch).
 * ``python -m common.doctor`` -- is this machine able to run the course?
 * ``python -m common.progress`` -- which exercises pass.
 
@@ -30,4 +32,5 @@ from .harness import run_versions  # noqa: F401
 from .runtime import sm_count  # noqa: F401
 from .internal.exercises import import_sibling, load_chapter_module  # noqa: F401
 from .internal.racecheck import RaceError, intentional_race  # noqa: F401
+from .internal.simulator import BarrierError  # noqa: F401
 # isort: on

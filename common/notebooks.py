@@ -4,16 +4,22 @@ Every chapter folder holds ``notebook.ipynb``, and so does ``final_project/``.
 The notebooks import the chapter's own modules, so they hold no second copy of
 any kernel. They run unchanged on a GPU and in the simulator.
 
-    python -m common.notebooks                  every notebook, run and saved in place
-    python -m common.notebooks PATH [PATH ...]  only these
-    python -m common.notebooks --check [PATH]   run without saving; exit 1 on an error
+    python -m common.notebooks                  on a GPU: every notebook, run and saved in place
+    python -m common.notebooks PATH [PATH ...]  on a GPU: only these
+    python -m common.notebooks --check [PATH]   run without saving (the simulator without a GPU,
+                                                or with --simulator); exit 1 on an error
+
+The committed outputs are a GPU run's: its timings, tables and plots. Saving
+therefore runs on the GPU or not at all: without one it refuses before running
+anything (a simulator run times nothing and would overwrite them), and
+``--simulator`` cannot be combined with saving. ``--check`` is the way to run
+the notebooks without a GPU.
 
 Saving keeps the outputs and drops what changes on every run without meaning
 anything (each cell's execution timestamps, the kernel's version strings), so a
 rerun's diff shows the figures that moved. The first code cell of every
 notebook prints :func:`banner`, which names the GPU (or the simulator) the
-outputs came from. On a GPU, run this on the machine whose figures you want
-committed. The simulator's outputs are not committed: it times nothing.
+outputs came from. Run this on the machine whose figures you want committed.
 
 Execution: nbclient (the engine behind ``jupyter nbconvert --execute``), one
 fresh kernel a notebook, with the notebook's folder as the working directory.
@@ -62,11 +68,30 @@ def strip_volatile(nb) -> None:
     nb.metadata.get("language_info", {}).pop("version", None)
 
 
+NO_GPU_TO_SAVE = (
+    "no NVIDIA GPU here (the CUDA driver reports none, or NUMBA_ENABLE_CUDASIM is set): "
+    "saving would replace the committed outputs of a GPU run (its timings, tables and "
+    "plots) with the simulator's, which time nothing, so nothing was run or saved. To "
+    "check the notebooks without a GPU: python -m common.notebooks --check. To "
+    "regenerate the outputs, run this on a machine with an NVIDIA GPU."
+)
+
+
+def gpu_present() -> bool:
+    """True when the CUDA driver reports a GPU and the simulator is not forced."""
+    from common.runtime import driver_gpu_count
+
+    forced = os.environ.get("NUMBA_ENABLE_CUDASIM", "").strip() not in ("", "0")
+    return not forced and driver_gpu_count() > 0
+
+
 def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEOUT_S):
     """Run the notebook at ``path`` top to bottom in a fresh kernel; return it with outputs.
 
-    simulator: True forces the Numba CUDA simulator in the kernel
-    (NUMBA_ENABLE_CUDASIM=1), None leaves the choice to ``import common``.
+    simulator: True runs the kernel in the Numba CUDA simulator
+    (NUMBA_ENABLE_CUDASIM=1); False runs it on the GPU (NUMBA_ENABLE_CUDASIM=0)
+    and raises RuntimeError before starting when there is none; None leaves the
+    choice to ``import common`` (the simulator without a GPU).
     Raises nbclient's CellExecutionError (the failing cell's source and
     traceback) on the first cell that raises, FileNotFoundError for a missing
     notebook.
@@ -77,10 +102,12 @@ def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEO
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no notebook at {path}")
+    if simulator is False and not gpu_present():
+        raise RuntimeError(f"cannot run {path} on a GPU: {NO_GPU_TO_SAVE}")
     nb = nbformat.read(path, as_version=4)
     saved = os.environ.get("NUMBA_ENABLE_CUDASIM")
-    if simulator:
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # the kernel inherits the environment
+    if simulator is not None:  # the kernel inherits the environment
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if simulator else "0"
     try:
         client = NotebookClient(
             nb,
@@ -90,7 +117,7 @@ def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEO
         )
         client.execute()
     finally:
-        if simulator:
+        if simulator is not None:
             if saved is None:
                 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
             else:
@@ -101,20 +128,34 @@ def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEO
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="*", type=Path, help="notebooks (default: all)")
-    parser.add_argument("--check", action="store_true", help="run without saving")
     parser.add_argument(
-        "--simulator", action="store_true", help="force the simulator (NUMBA_ENABLE_CUDASIM=1)"
+        "--check", action="store_true", help="run without saving (works without a GPU)"
+    )
+    parser.add_argument(
+        "--simulator",
+        action="store_true",
+        help="with --check: force the simulator (NUMBA_ENABLE_CUDASIM=1)",
     )
     args = parser.parse_args(argv)
+    if args.simulator and not args.check:
+        parser.error(
+            "--simulator needs --check: a simulator run is never saved (the committed "
+            "outputs are a GPU run's timings and plots)"
+        )
+    if not args.check and not gpu_present():
+        print(f"common.notebooks: {NO_GPU_TO_SAVE}", file=sys.stderr)
+        return 2
     import nbformat
     from nbclient.exceptions import CellExecutionError
 
     paths = args.paths or notebook_paths()
+    # Saving: on the GPU only. Checking: the simulator if asked, else what `common` picks.
+    simulator = False if not args.check else (True if args.simulator else None)
     failed = 0
     for path in paths:
         start = time.perf_counter()
         try:
-            nb = execute(path, simulator=args.simulator or None)
+            nb = execute(path, simulator=simulator)
         except (CellExecutionError, FileNotFoundError) as exc:
             failed += 1
             print(f"FAIL  {path}: {exc}", file=sys.stderr)

@@ -40,8 +40,10 @@ MAX_GRID_DIM = (2**31 - 1, 65535, 65535)
 MAX_STATIC_SHARED_BYTES = 48 * 1024
 
 
-def _driver_gpu_count() -> int:
-    """Number of CUDA devices the driver reports; 0 if no driver or it fails."""
+def driver_gpu_count() -> int:
+    """Number of CUDA devices the driver reports; 0 if no driver or it fails.
+
+    Asks the driver (``libcuda``) directly, whatever runtime this process uses."""
     names = {
         "win32": ("nvcuda.dll",),
         "darwin": (),
@@ -70,7 +72,7 @@ def _select() -> tuple[str, str]:
         return "simulator", "NUMBA_ENABLE_CUDASIM is set"
     if env is not None and env.strip() == "0":
         return "gpu", "NUMBA_ENABLE_CUDASIM=0 is set"
-    if _driver_gpu_count() > 0:
+    if driver_gpu_count() > 0:
         return "gpu", "the CUDA driver reports a GPU"
     if "numba" in sys.modules:
         # numba has read its configuration already; switching now would leave it

@@ -37,6 +37,34 @@ def pytest_addoption(parser):
         help=f"seed of the rng fixture, to replay the random inputs of a failed test "
         f"(its report prints the seed); the {SEED_VARIABLE} environment variable does the same",
     )
+    parser.addoption(
+        "--seed-sweep",
+        metavar="START:STOP",
+        default=None,
+        help="run every test that draws from the rng fixture once for each seed in "
+        "range(START, STOP), and deselect the others: a tolerance that a correct kernel "
+        "misses for some draws shows up as a failing seed",
+    )
+
+
+def _seed_sweep(config):
+    """The seeds of ``--seed-sweep START:STOP`` as a range, or None."""
+    text = config.getoption("--seed-sweep", default=None)
+    if not text:
+        return None
+    try:
+        start, stop = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise pytest.UsageError(f"--seed-sweep takes START:STOP (e.g. 0:200), got {text!r}") from None
+    if not 0 <= start < stop:
+        raise pytest.UsageError(f"--seed-sweep needs 0 <= START < STOP, got {text!r}")
+    return range(start, stop)
+
+
+def pytest_generate_tests(metafunc):
+    seeds = _seed_sweep(metafunc.config)
+    if seeds is not None and "rng" in metafunc.fixturenames:
+        metafunc.parametrize("rng", seeds, indirect=True, ids=lambda s: f"seed{s}")
 
 
 def _chosen_seed(config):
@@ -57,7 +85,9 @@ def rng(request):
 
     The seed goes into the failure report with the command that replays it.
     """
-    seed = _chosen_seed(request.config)
+    seed = getattr(request, "param", None)  # --seed-sweep
+    if seed is None:
+        seed = _chosen_seed(request.config)
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**32))
     request.node.user_properties.append(("seed", seed))
@@ -73,6 +103,10 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if _seed_sweep(config) is not None:
+        uses_rng = ["rng" in getattr(item, "fixturenames", ()) for item in items]
+        config.hook.pytest_deselected(items=[i for i, u in zip(items, uses_rng) if not u])
+        items[:] = [i for i, u in zip(items, uses_rng) if u]
     if not is_simulator():
         return
     skip = pytest.mark.skip(reason="needs a real GPU (running in the simulator)")

@@ -5,7 +5,11 @@ modules never import each other).
 """
 
 import inspect
+import itertools
+import linecache
 import textwrap
+
+_serial = itertools.count(1)
 
 
 def mutant(kernel, *edits: tuple[str, str]):
@@ -19,5 +23,9 @@ def mutant(kernel, *edits: tuple[str, str]):
         assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
         src = src.replace(old, new)
     namespace = dict(fn.__globals__)
-    exec(compile(src, f"<mutant of {fn.__name__}>", "exec"), namespace)
+    filename = f"<mutant {next(_serial)} of {fn.__name__}>"
+    # Registered as a source, so reports can quote its lines and the simulator's
+    # checks that read a kernel's source (shapes, barriers) see the mutant's.
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
+    exec(compile(src, filename, "exec"), namespace)
     return namespace[fn.__name__]

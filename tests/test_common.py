@@ -49,7 +49,7 @@ def test_ceil_div_rejects_zero_divisor():
 
 def test_subprocess_without_gpu_selects_simulator_and_says_so():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    if runtime._driver_gpu_count() > 0:
+    if runtime.driver_gpu_count() > 0:
         pytest.skip("this machine has a GPU")
     out = subprocess.run(
         [sys.executable, "-c", "import common; print(common.runtime_name())"],

@@ -45,6 +45,8 @@ def test_notebook_opens_with_the_course_cells_and_copies_no_kernel(path):
             assert not re.search(r"@cuda\.jit|cuda\.jit\(", cell.source), cell.source[:200]
 
 
+# glibc's last words when a process corrupts its heap (torch's profiler did, at exit)
+GLIBC_ABORT = re.compile(r"free\(\): invalid pointer|double free or corruption[^\n]*")
 GPU_BANNER = re.compile(r"^Ran on an? (NVIDIA .+) \(numba-cuda [\d.]+, torch \S+\)$")
 
 
@@ -59,6 +61,10 @@ def committed_run_problems(nb) -> list[str]:
     errors = [o.ename for c in code for o in c.outputs if o.output_type == "error"]
     if errors:
         problems.append(f"error outputs: {errors}")
+    streams = "".join(o.get("text", "") for c in code for o in c.outputs)
+    aborts = sorted(set(GLIBC_ABORT.findall(streams)))
+    if aborts:
+        problems.append(f"a process aborted under a cell: {aborts}")
     banner = "".join(o.get("text", "") for o in code[0].outputs if o.output_type == "stream")
     if not GPU_BANNER.match(banner.strip()):
         problems.append(f"the banner cell printed {banner.strip()!r}, not the GPU's name")
@@ -95,6 +101,15 @@ def test_committed_run_check_refuses_simulator_partial_and_failed_runs():
     assert "top-to-bottom" in run(gpu, counts=(1, None))[0]
     assert "top-to-bottom" in run(gpu, counts=(2, 1))[0]
     assert "ValueError" in run(gpu, error=True)[0]
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x", execution_count=1)
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=gpu + "\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="double free or corruption (!prev)\n"),
+    ]
+    nb.cells = [cell]
+    aborted = committed_run_problems(nb)
+    assert aborted and "aborted" in aborted[0]
 
 
 def test_banner_names_the_gpu_on_a_gpu(monkeypatch):
@@ -146,3 +161,36 @@ def test_a_failing_cell_fails_the_run(tmp_path):
     assert notebooks.main(["--check", str(path)]) == 1
     with pytest.raises(FileNotFoundError, match="no notebook"):
         notebooks.execute(tmp_path / "missing.ipynb")
+
+
+def test_saving_without_a_gpu_refuses_before_running_anything(tmp_path, monkeypatch, capsys):
+    """The documented regenerate command must never put simulator outputs (no
+    timings, no speed plots) over a GPU run's committed ones."""
+    path = tmp_path / "notebook.ipynb"
+    committed = PATHS[0].read_bytes()
+    path.write_bytes(committed)
+    monkeypatch.setattr(notebooks, "gpu_present", lambda: False)
+    ran = []
+    monkeypatch.setattr(notebooks, "execute", lambda *a, **k: ran.append(a))
+    assert notebooks.main([str(path)]) == 2
+    assert not ran and path.read_bytes() == committed
+    message = capsys.readouterr().err
+    assert "no NVIDIA GPU" in message and "--check" in message
+    with pytest.raises(SystemExit):  # the simulator is never a saving run
+        notebooks.main(["--simulator", str(path)])
+    assert path.read_bytes() == committed
+
+
+def test_simulator_false_means_the_gpu(tmp_path, monkeypatch):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print(1)")]
+    path = tmp_path / "notebook.ipynb"
+    nbformat.write(nb, path)
+    monkeypatch.setattr(notebooks, "gpu_present", lambda: False)
+    with pytest.raises(RuntimeError, match="cannot run .* on a GPU"):
+        notebooks.execute(path, simulator=False)
+
+
+def test_a_forced_simulator_is_no_gpu(monkeypatch):
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    assert not notebooks.gpu_present()

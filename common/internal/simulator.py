@@ -13,6 +13,13 @@ pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
   ``cuda.local.array``, judged from the source (AST) and, inside a device
   function, at its call site (:func:`check_constant_shape`);
 * every launch goes through the race detector (:mod:`.racecheck`);
+* barriers as a GPU needs them: every thread of a block that has not returned
+  reaches the same ``cuda.syncthreads()`` (:class:`BarrierError`, from the
+  block runner below; under :func:`interleaved_threads` the simulator's own
+  runner is used and this is not checked);
+* launch configurations judged by Numba's own ``normalize_kernel_dimensions``
+  first, so a bad one fails in Numba's words, then the course's hint; an empty
+  ``forall`` launches nothing, as in Numba;
 * speed: a block whose kernel has no barrier runs its threads one after another
   in one Python thread; a block with barriers meets at a condition variable
   instead of the simulator's busy loop; :func:`interleaved_threads` switches
@@ -22,11 +29,13 @@ pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
 from __future__ import annotations
 
 import contextlib
+import numbers
 import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ..checking import CheckError
 from ..runtime import (  # the GPU's limits, which learners use too
     MAX_BLOCK_DIM,
     MAX_GRID_DIM,
@@ -77,14 +86,16 @@ def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> 
     """
 
     def dims(d: Any, what: str) -> tuple[int, int, int]:
-        t = (d,) if isinstance(d, int) else tuple(d)
-        if not 1 <= len(t) <= 3 or not all(isinstance(v, int) for v in t):
+        t = (d,) if isinstance(d, numbers.Integral) else tuple(d)
+        if not 1 <= len(t) <= 3 or not all(isinstance(v, numbers.Integral) for v in t):
             raise LaunchConfigError(f"{what} must be an int or 1-3 ints, got {d!r}")
         t = t + (1,) * (3 - len(t))
         if min(t) < 1:
             raise LaunchConfigError(
                 f"{what} {d!r} has a dimension < 1: a grid needs at least one "
-                "block and a block at least one thread (use ceil_div for grid sizes)"
+                "block and a block at least one thread, and a GPU refuses this launch "
+                "(CUDA_ERROR_INVALID_VALUE); use ceil_div for grid sizes, and skip the "
+                "launch when there is no work"
             )
         return t  # type: ignore[return-value]
 
@@ -125,13 +136,18 @@ def _parse(filename: str) -> Any:
     # Simulated threads reach this together. CPython 3.11's ast.parse is not
     # safe to run in two threads at once ("AST constructor recursion depth
     # mismatch", seen here): one thread parses a file, the others wait.
+    import linecache
+
     with _parse_lock:
         tree = _parsed_files.get(filename)
         if tree is None:
+            # linecache also holds sources made in memory and registered there
+            # (tests' mutant kernels), which no file on disk has.
             try:
-                with open(filename) as f:
-                    tree = ast.parse(f.read())
-            except (OSError, SyntaxError):
+                tree = ast.parse("".join(linecache.getlines(filename))) or False
+            except SyntaxError:
+                tree = False
+            if tree is not False and not tree.body:
                 tree = False
             _parsed_files[filename] = tree
     return tree or None
@@ -141,6 +157,7 @@ _SIMULATOR_FILES = (
     "simulator/kernel.py",
     "common/internal/simulator.py",
     "common/internal/racecheck.py",
+    "simulator/kernelapi.py",
 )
 
 
@@ -268,8 +285,20 @@ def check_constant_shape(frame: Any, what: str) -> None:
         )
 
 
+LAUNCH_HINT = (
+    "the course: launch as kernel[blocks_per_grid, threads_per_block](...), each an int "
+    "or a tuple of 1 to 3 ints, e.g. kernel[ceil_div(n, 128), 128] (n / 128 is a float: "
+    "use ceil_div or //)"
+)
+
+
+def _launch_nothing(*args: Any) -> None:
+    return None
+
+
 def install() -> None:
     import numpy as np
+    from numba.cuda.errors import normalize_kernel_dimensions
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi as sim_api
 
@@ -282,13 +311,24 @@ def install() -> None:
     original_call = kernel_cls.__call__
 
     def getitem(self: Any, configuration: Any) -> Any:
-        if not isinstance(configuration, tuple) or len(configuration) < 2:
+        # Numba's own checks and words first (a learner searches for those), then
+        # the course's hint; then the limits a GPU adds (check_launch).
+        if not isinstance(configuration, tuple) or len(configuration) not in (2, 3, 4):
             raise LaunchConfigError(
-                "launch a kernel as kernel[blocks_per_grid, threads_per_block](...)"
+                f"must specify at least the griddim and blockdim; {LAUNCH_HINT}"
             )
+        try:
+            normalize_kernel_dimensions(*configuration[:2])
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{str(e).strip()}; {LAUNCH_HINT}") from None
         dyn = configuration[3] if len(configuration) == 4 else 0
         check_launch(configuration[0], configuration[1], dyn)
         return original_getitem(self, configuration)
+
+    def forall(self: Any, ntasks: int, tpb: int = 0, stream: Any = 0, sharedmem: int = 0) -> Any:
+        if ntasks == 0:  # as numba-cuda's ForAll: no work, so no launch at all
+            return _launch_nothing
+        return original_forall(self, ntasks, tpb, stream, sharedmem)
 
     def call(self: Any, *args: Any) -> Any:
         __tracebackhide__ = True
@@ -310,7 +350,9 @@ def install() -> None:
             finally:
                 sys.setswitchinterval(old)
 
+    original_forall = kernel_cls.forall
     kernel_cls.__getitem__ = getitem
+    kernel_cls.forall = forall
     kernel_cls.__call__ = call
     racecheck.install()
     _install_sequential_blocks(sim_kernel)
@@ -471,6 +513,8 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
         failure: list[Any] = []
 
         def one_after_another() -> None:
+            if self._debug:  # as the simulator's own threads do for @cuda.jit(debug=True)
+                np.seterr(divide="raise")
             t = threading.current_thread()
             t.blockIdx = Dim3(*grid_point)
             for point in np.ndindex(*block_dim):
@@ -504,24 +548,33 @@ class _BlockBarrier:
     until every thread still running has arrived (a thread that has returned no
     longer counts, as on a GPU). The simulator's own version polls its threads
     from a busy loop that holds the GIL for whole switch intervals; waiting here
-    costs nothing while the others run."""
+    costs nothing while the others run.
+
+    It also keeps what a GPU's barrier needs and the simulator never checked:
+    where each thread arrived (:class:`_BarrierSite`), so that threads meeting at
+    two different barriers, or a thread that skips one, are reported
+    (:func:`_divergent_barrier`, :func:`_skipped_barrier`)."""
 
     def __init__(self, parties: int) -> None:
         self.live = parties
         self.waiting = 0
         self.generation = 0
         self.aborted = False
+        self.problem: str | None = None
+        self.arrived: dict[tuple[int, ...], _BarrierSite] = {}  # this generation's
+        self.history: dict[tuple[int, ...], list[_BarrierSite]] = {}  # every thread's
         self.cond = threading.Condition()
 
-    def wait(self) -> None:
+    def wait(self, who: tuple[int, ...], site: _BarrierSite) -> None:
         with self.cond:
             if self.aborted:
                 raise RuntimeError("another thread of the block failed")
             generation = self.generation
             self.waiting += 1
+            self.arrived[who] = site
+            self.history.setdefault(who, []).append(site)
             if self.waiting == self.live:
                 self._release()
-                return
             while generation == self.generation and not self.aborted:
                 self.cond.wait()
             if self.aborted:
@@ -539,14 +592,177 @@ class _BlockBarrier:
             self.cond.notify_all()
 
     def _release(self) -> None:
+        problem = _divergent_barrier(self.arrived)
+        if problem:
+            self.problem = problem
+            self.aborted = True
+        self.arrived = {}
         self.waiting = 0
         self.generation += 1
         self.cond.notify_all()
 
 
+class BarrierError(CheckError):
+    """The threads of a block did not all reach the same ``cuda.syncthreads()``.
+
+    On a GPU, every thread of a block that has not returned must reach the same
+    barrier; a barrier inside a branch that only some threads take is undefined
+    behaviour (a hang, or wrong results), and ``compute-sanitizer --tool
+    synccheck`` reports it as a divergent barrier. The simulator's own barrier
+    waits for whichever threads are still running, so it would let such a
+    kernel pass.
+    """
+
+
+class _BarrierSite(tuple):
+    """Where a thread reached a barrier: ``(file, line, kernel_line)``, the barrier's
+    own line (maybe in a device function) and the kernel's line that led to it."""
+
+    def where(self) -> str:
+        import os
+
+        return f"{os.path.basename(self[0])}:{self[1]}"
+
+
+_BARRIER_HINT = (
+    "every thread of a block that has not returned must reach the same "
+    "cuda.syncthreads(): a barrier inside a branch that only some threads take (`if t < "
+    "stride: ... cuda.syncthreads()`) is undefined behaviour on a GPU (it may hang or give "
+    "wrong results; compute-sanitizer --tool synccheck reports it). Keep the barrier out "
+    "of the branch: guard the work, not the barrier."
+)
+
+
+def _tid(point: tuple[int, ...]) -> str:
+    return "({})".format(",".join(str(int(v)) for v in point))
+
+
+def _divergent_barrier(arrived: dict[tuple[int, ...], _BarrierSite]) -> str | None:
+    """Why the threads released together are not at one barrier, or None."""
+    sites = sorted(set(arrived.values()), key=lambda site: site[1:])
+    if len(sites) < 2:
+        return None
+    first = [min(p for p, s in arrived.items() if s == site) for site in sites[:2]]
+    return (
+        f"threads {_tid(first[0])} and {_tid(first[1])} wait at different barriers "
+        f"({sites[0].where()} and {sites[1].where()})"
+    )
+
+
+def _barrier_site(kernel_code: Any) -> _BarrierSite:
+    """The calling simulated thread's barrier: the first frame outside the simulator,
+    and the kernel's own line above it."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(
+        _SIMULATOR_FILES
+    ):
+        frame = frame.f_back
+    inner = frame
+    while frame is not None and frame.f_code is not kernel_code:
+        frame = frame.f_back
+    outer = frame or inner
+    return _BarrierSite((inner.f_code.co_filename, inner.f_lineno, outer.f_lineno))
+
+
+def _kernel_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | None:
+    """The lines of the kernel's own ``return`` statements and the line spans of its
+    loops, from its source; None when the source cannot be read."""
+    if code not in _return_verdicts:
+        _return_verdicts[code] = _find_returns(code)
+    return _return_verdicts[code]
+
+
+_return_verdicts: dict[Any, Any] = {}
+
+
+def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | None:
+    import ast
+
+    tree = _parse(code.co_filename)
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == code.co_name:
+            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+            if first != code.co_firstlineno:
+                continue
+            returns, loops = set(), []
+            todo = list(node.body)
+            while todo:  # the function's own statements, not those of nested defs
+                stmt = todo.pop()
+                if isinstance(stmt, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
+                    continue
+                if isinstance(stmt, ast.Return):
+                    returns.add(stmt.lineno)
+                if isinstance(stmt, (ast.For, ast.While)):
+                    loops.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+                todo.extend(ast.iter_child_nodes(stmt))
+            return frozenset(returns), loops
+    return None
+
+
+def _skipped_barrier(
+    kernel: Any,
+    history: dict[tuple[int, ...], list[_BarrierSite]],
+    exits: dict[tuple[int, ...], int | None],
+    points: list[tuple[int, ...]],
+) -> str | None:
+    """The first thread (in thread order) that went past a barrier other threads of
+    its block waited at, without returning first; None when there is none.
+
+    A thread may leave early by returning (``if i >= n: return`` before the
+    barrier): on a GPU a thread that has exited no longer counts. Anything else
+    that ends a thread with fewer barriers than its block's other threads means it
+    stepped over one: a barrier inside a branch or in a loop it ran fewer times.
+    """
+    longest = max((history.get(p, []) for p in points), key=len)
+    structure = _kernel_returns(kernel.__code__)
+    if not longest or structure is None:  # no source: an early return cannot be told
+        return None
+    returns, loops = structure
+    for point in points:
+        mine = history.get(point, [])
+        if len(mine) == len(longest):
+            continue
+        missed = longest[len(mine)]
+        returned_at = exits.get(point)
+        explicit = returned_at in returns
+        if explicit and (
+            returned_at < missed[2]
+            or any(a <= returned_at <= b and a <= missed[2] <= b for a, b in loops)
+        ):
+            continue  # returned before reaching it: an early exit, as on a GPU
+        other = next(p for p in points if len(history.get(p, [])) > len(mine))
+        ending = f"returned at line {returned_at}" if explicit else "ran to the end of the kernel"
+        return (
+            f"thread {_tid(point)} never reached the barrier at {missed.where()} that "
+            f"thread {_tid(other)} waited at (it passed {len(mine)} barrier(s), then {ending})"
+        )
+    return None
+
+
+def _exit_line_tracer(kernel_code: Any, exits: dict[Any, int | None], who: Any) -> Any:
+    """A ``sys.settrace`` function that records the line of the kernel frame's return
+    (only call and return events of that one frame: no line events)."""
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "return":
+            exits[who] = frame.f_lineno
+        return local
+
+    def on_call(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is kernel_code:
+            frame.f_trace_lines = False
+            return local
+        return None
+
+    return on_call
+
+
 def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any) -> None:
     """Run one block whose threads meet at barriers: one OS thread per CUDA thread,
-    as the simulator does, but waiting on a condition instead of being polled."""
+    as the simulator does, but waiting on a condition instead of being polled, and
+    checking that every thread reaches the same barriers (:class:`BarrierError`)."""
     __tracebackhide__ = True
     import numpy as np
 
@@ -557,16 +773,27 @@ def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any
     points = list(np.ndindex(*block_dim))
     barrier = _BlockBarrier(len(points))
     failures: list[tuple[int, Any, Any]] = []
+    kernel = manager._f
+    kernel_code = kernel.__code__
+    structure = _kernel_returns(kernel_code)
+    # Which line a thread returned from matters only if the kernel has a `return`.
+    trace_exits = structure is not None and bool(structure[0])
+    exits: dict[tuple[int, ...], int | None] = {}
 
     class _Thread(sim_kernel.BlockThread):
         def syncthreads(self) -> None:
+            site = _barrier_site(kernel_code)
             racecheck.on_barrier_arrive()
-            barrier.wait()
+            barrier.wait(self._point, site)
             racecheck.on_barrier_leave()
 
         def run(self) -> None:
+            if manager._debug:  # as the simulator's own threads do for @cuda.jit(debug=True)
+                np.seterr(divide="raise")
+            if trace_exits:
+                sys.settrace(_exit_line_tracer(kernel_code, exits, self._point))
             try:
-                manager._f(*args)
+                kernel(*args)
             except Exception as e:  # noqa: BLE001  (re-raised by the launching thread)
                 if not barrier.aborted:
                     tid, ctaid = list(self.threadIdx), list(self.blockIdx)
@@ -574,16 +801,29 @@ def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any
                     failures.append((self.thread_id, type(e)(msg), sys.exc_info()[2]))
                 barrier.abort()
             finally:
+                if trace_exits:
+                    sys.settrace(None)
                 barrier.leave()
 
-    threads = [_Thread(None, manager, grid_point, point, False) for point in points]
+    threads = []
+    for point in points:
+        t = _Thread(None, manager, grid_point, point, False)
+        t._point = point
+        threads.append(t)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    name = getattr(kernel, "__qualname__", kernel.__name__)
+    block = _tid(tuple(grid_point))
+    if barrier.problem:
+        raise BarrierError(f"in kernel {name}, block {block}: {barrier.problem}; {_BARRIER_HINT}")
     if failures:
         _, exc, tb = min(failures, key=lambda f: f[0])
         raise exc.with_traceback(tb)
+    problem = _skipped_barrier(kernel, barrier.history, exits if trace_exits else {}, points)
+    if problem:
+        raise BarrierError(f"in kernel {name}, block {block}: {problem}; {_BARRIER_HINT}")
     racecheck.on_block_end()
 
 
