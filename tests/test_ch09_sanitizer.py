@@ -5,6 +5,11 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import RaceError, is_simulator
 from common.checking import check
 from common.internal.exercises import chapter_dir, load_chapter_module
+from common.internal.float32_purity import (
+    assert_float32_pure,
+    float32_pure_launches,
+    recording_launches,
+)
 
 import os
 import subprocess
@@ -244,17 +249,23 @@ def test_uninit_target_poisoned_buffer_fails_check():
 
 @pytest.mark.parametrize("target", list(san.TARGETS))
 def test_fixed_targets_are_right(target):
-    out, ref = san.launch(target, fixed=True)
+    with recording_launches() as launches:
+        out, ref = san.launch(target, fixed=True)
     assert out.shape == ref.shape and out.size > 1
     check(out, ref, tol=0.0, name=f"{target} fixed")
+    # both twins take the fixed one's arguments; neither may compute in float64 (the
+    # simulator stores float32 either way)
+    ((_, argtypes, _),) = launches
+    for kernel in (san.TARGETS[target].fixed, san.TARGETS[target].bug):
+        assert_float32_pure(kernel, argtypes)
 
 
 @simulator_only
-def test_divergent_barrier_is_a_race_in_simulator():
+def test_divergent_barrier_is_a_barrier_error_in_simulator():
     # In a child process with a time limit: a barrier that some threads never reach
     # could wait forever, and must not hang the suite. The simulator's barrier stops
-    # waiting for threads that returned, so the launch ends; the threads that skipped
-    # the barrier read the tile unsynchronised, which the race detector reports.
+    # waiting for threads that returned, so the launch ends, and the course's launch
+    # checks report the threads that ended without reaching it (BarrierError).
     script = chapter_dir(CH) / "sanitizer.py"
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     done = subprocess.run(
@@ -265,18 +276,20 @@ def test_divergent_barrier_is_a_race_in_simulator():
         env=env,
     )
     assert done.returncode == 0, done.stderr
-    assert "outcome: RaceError: race in kernel shift_left_barrier_in_branch" in done.stdout
+    assert "outcome: BarrierError: in kernel shift_left_barrier_in_branch" in done.stdout
 
 
-def test_barriers_in_branches_finds_the_divergent_barrier():
-    # What the source shows, whatever a run shows: the barrier inside an `if`, and
-    # in the fixed twin outside every `if`.
-    bug, fixed = san.TARGETS["divergent-barrier"].bug, san.TARGETS["divergent-barrier"].fixed
-    (line,) = san.barriers_in_branches(bug)
+@simulator_only
+def test_simulator_names_the_barrier_in_the_branch_and_a_thread_that_skipped_it():
+    said = san.simulator_view("divergent-barrier")
     source = (chapter_dir(CH) / "sanitizer.py").read_text().splitlines()
-    assert source[line - 1].strip() == "cuda.syncthreads()"
-    assert san.barriers_in_branches(fixed) == []
-    assert san.barriers_in_branches(san.TARGETS["race"].fixed) == []
+    (line,) = [
+        k + 1
+        for k, text in enumerate(source)
+        if text.strip() == "cuda.syncthreads()" and source[k - 1].strip() == "if t < 16:"
+    ]
+    assert said.startswith("BarrierError: in kernel shift_left_barrier_in_branch"), said
+    assert f"sanitizer.py:{line}" in said and "thread (16,0,0) never reached" in said
 
 
 # ------------------------------------------------------------------ the scripts
@@ -292,7 +305,7 @@ def test_sanitizer_main_in_simulator(capsys, tmp_path):
     assert "IndexError: tid=[104, 0, 0] ctaid=[7, 0, 0]" in out
     assert "RaceError: race in kernel shift_left_smem_no_barrier" in out
     assert "elements are NaN (never written?)" in out
-    assert "RaceError: race in kernel shift_left_barrier_in_branch" in out
+    assert "BarrierError: in kernel shift_left_barrier_in_branch" in out
     assert "fixed versions: outputs right on the simulator  OK" in out
     assert not any(tmp_path.iterdir())  # nothing ran under a sanitizer, nothing saved
 
@@ -300,7 +313,8 @@ def test_sanitizer_main_in_simulator(capsys, tmp_path):
 @simulator_only
 def test_debugging_main_in_simulator(capsys):
     hook = sys.breakpointhook
-    assert dbg.main([]) == 0
+    with float32_pure_launches():  # alpha reaches the kernels as a float32
+        assert dbg.main([]) == 0
     out = capsys.readouterr().out
     assert "thread 0 : x[i] = 1.0 out[i] = 2.0" in out
     assert "stopped in thread 3 of block 0 with i = 3, x[i] = 4.0, out[i] = 8.0" in out

@@ -98,7 +98,7 @@ def make_bn_backward_reduce_divisions(BLOCK):
             pw = q % w_out
             k = argmax[n, c, ph, pw]
             zv = z[n, c, 2 * ph + k // 2, 2 * pw + k % 2]
-            if zv * sc + sh > 0.0:
+            if zv * sc + sh > float32(0.0):  # 0.0 would make it a float64 compare
                 g = dpooled[n, c, ph, pw]
                 a += g * (zv - mu) * inv
                 b += g
@@ -159,7 +159,7 @@ def make_bn_backward_reduce_carried(BLOCK):
         while j < total:
             k = argmax[n, c, ph, pw]
             zv = z[n, c, 2 * ph + (k >> 1), 2 * pw + (k & 1)]
-            if zv * sc + sh > 0.0:
+            if zv * sc + sh > float32(0.0):  # 0.0 would make it a float64 compare
                 g = dpooled[n, c, ph, pw]
                 a += g * (zv - mu) * inv
                 b += g

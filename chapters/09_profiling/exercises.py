@@ -37,12 +37,14 @@ def theoretical_occupancy(
     threads_per_block: 1..limits.max_threads_per_block; registers_per_thread:
     1..limits.max_registers_per_thread; shared_bytes_per_block: static +
     dynamic shared memory, bytes, >= 0; limits: an occupancy.SMLimits.
-    The four budgets of occupancy.py's docstring give blocks per SM each:
-    "warps", "blocks", "registers" (warp registers rounded up to
-    limits.register_allocation_unit, whole warps per quarter of the register
-    file), "shared" (bytes + limits.reserved_shared_per_block rounded up to
-    limits.shared_allocation_unit); limiter is the name of the smallest (the
-    first in that order on a tie). occupancy = blocks * warps per block /
+    A block takes ceil(threads_per_block / 32) warps: the SM allocates whole
+    warps, however few threads the last one holds. The four budgets of
+    occupancy.py's docstring give blocks per SM each: "warps", "blocks",
+    "registers" (warp registers rounded up to limits.register_allocation_unit,
+    whole warps per quarter of the register file), "shared" (the block's bytes
+    plus limits.reserved_shared_per_block, which the system keeps per block,
+    rounded up to limits.shared_allocation_unit); limiter is the name of the
+    smallest (the first in that order on a tie). occupancy = blocks * warps per block /
     limits.max_warps_per_sm. Raises ValueError for values out of range.
     """
     raise NotImplementedError("Exercise 9.1: write theoretical_occupancy")
@@ -56,8 +58,11 @@ def bottleneck_kernel(records):
 
     records: a list of {"name", "start_us", "end_us"}, one per kernel launch,
     as torch_profile.py saves them (names as the profiler prints them). Launches
-    of one kernel add up; kernels are told apart by short_kernel_name. Returns
-    the short name and its fraction (0..1) of the summed time of all launches.
+    are grouped by short_kernel_name(name), and a group's times add up: one
+    kernel compiled for several argument types (float32 and float64 arrays, say)
+    prints several names, differing in the ABI tag and the signature, and is
+    one kernel here. Returns the short name of the group with the most time and
+    its fraction (0..1) of the summed time of all launches.
     Raises ValueError for an empty list or a launch that ends before it starts.
     """
     raise NotImplementedError("Exercise 9.2: write bottleneck_kernel")

@@ -188,8 +188,9 @@ def compiled_resources(kernel) -> dict[str, int]:
             "launch it once, with one set of argument types"
         )
 
-    def one(by_signature: dict) -> int:  # numba-cuda: {signature: value} when not given one
-        (value,) = by_signature.values()
+    def one(value) -> int:  # numba-cuda: {signature: value}, or the value itself for a
+        if isinstance(value, dict):  # kernel compiled eagerly from a signature
+            (value,) = value.values()
         return value
 
     return {
@@ -201,7 +202,14 @@ def compiled_resources(kernel) -> dict[str, int]:
 
 def driver_blocks_per_sm(kernel, threads: int, dynamic_shared: int = 0) -> int:
     """The driver's answer: cuOccupancyMaxActiveBlocksPerMultiprocessor for the
-    kernel's one compiled signature (GPU only)."""
+    kernel's one compiled signature (GPU only), with ``dynamic_shared`` bytes of
+    dynamic shared memory a block.
+
+    Above 48 KiB of dynamic shared memory a kernel must opt in
+    (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES; CUDA C++ Programming
+    Guide, "Shared Memory"); until it does, the driver answers 0: it could not
+    launch.
+    """
     (compiled,) = kernel.overloads.values()
     cufunc = compiled._codelibrary.get_cufunc()  # numba-cuda 0.30: the CUfunction wrapper
     return cuda.current_context().get_active_blocks_per_multiprocessor(
