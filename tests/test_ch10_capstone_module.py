@@ -1,12 +1,16 @@
 """Chapter 10, capstone_module.py: FastCNN as a torch module, trained by a PyTorch loop.
 
 Tiny network (8x8 images, channels 2/4, hidden 16): a simulated step takes a few seconds,
-so the tests share one step (a module fixture) and run nine steps in all.
+so the tests share one step (a module fixture) and run nine steps in all. For that they
+share one seed too: this module's ``rng`` is conftest's at module scope (``--seed N``
+replays it, ``--seed-sweep`` runs the module once a seed).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import EPS32, check, rounding_tolerance
 from common.internal.exercises import load_chapter_module
+
+import os
 
 import numpy as np
 import pytest
@@ -25,10 +29,26 @@ DEVICE = "cpu" if common.is_simulator() else "cuda"  # where CapstoneNet's tenso
 
 
 @pytest.fixture(scope="module")
-def seed(request):
-    """Fresh each run (``--seed N`` replays one): initial weights and the batch."""
-    chosen = request.config.getoption("--seed", default=None)
-    return int(chosen) if chosen is not None else int(np.random.SeedSequence().entropy % 2**31)
+def rng(request):
+    """The rng fixture of conftest.py, once for the module: the seed of
+    ``--seed-sweep`` (a parameter), else ``--seed N`` or COURSE_SEED, else fresh."""
+    chosen = getattr(request, "param", None)
+    if chosen is None:
+        chosen = request.config.getoption("--seed", default=None)
+    if chosen is None and os.environ.get("COURSE_SEED", "").strip():
+        chosen = int(os.environ["COURSE_SEED"])
+    if chosen is None:
+        chosen = int(np.random.SeedSequence().entropy % 2**31)
+    return np.random.default_rng(chosen)
+
+
+@pytest.fixture
+def seed(request, rng):
+    """The module's seed (initial weights, the batch), put into this test's
+    failure report with the command that replays it."""
+    value = int(rng.bit_generator.seed_seq.entropy)
+    request.node.user_properties.append(("seed", value))
+    return value
 
 
 def random_batch(seed: int, n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,9 +61,10 @@ def random_batch(seed: int, n: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def one_step(seed):
+def one_step(rng):
     """One step of the PyTorch loop on CapstoneNet, and FastCNN.train_step from the
     same weights on the same batch."""
+    seed = int(rng.bit_generator.seed_seq.entropy)
     x, y = random_batch(seed)
     net = cm.CapstoneNet(CONFIG, MAX_BATCH, seed=seed)
     before = {k: v.clone() for k, v in net.state_dict().items()}
@@ -106,6 +127,7 @@ def test_state_dict_keys_are_the_twins_and_load_into_it(seed):
     assert net.fast.num_batches_tracked == 7
 
 
+@pytest.mark.usefixtures("seed")  # its replay command in a failure report
 def test_backward_gives_fastcnns_gradients(one_step):
     s = one_step
     assert s["loss"] == pytest.approx(s["ref_loss"], rel=1e-6), f"seed {s['seed']}"
@@ -113,6 +135,7 @@ def test_backward_gives_fastcnns_gradients(one_step):
         check(s["grads"][name], s["ref_grads"][name], tol=1e-6, name=f"{name}.grad")
 
 
+@pytest.mark.usefixtures("seed")  # its replay command in a failure report
 def test_one_torch_sgd_step_equals_fastcnn_train_step(one_step):
     s = one_step
     after = s["net"].state_dict()
@@ -129,6 +152,7 @@ def test_one_torch_sgd_step_equals_fastcnn_train_step(one_step):
     assert int(after["bn1.num_batches_tracked"]) == s["ref"].num_batches_tracked == 1
 
 
+@pytest.mark.usefixtures("seed")  # its replay command in a failure report
 def test_backward_scales_by_grad_output_and_accumulates(one_step):
     s = one_step
     net = cm.CapstoneNet(CONFIG, MAX_BATCH, seed=s["seed"])  # the weights before the step
@@ -144,6 +168,7 @@ def test_backward_scales_by_grad_output_and_accumulates(one_step):
         check(net.get_parameter(name).grad, 3.5 * s["grads"][name], tol=1e-6, name=name)
 
 
+@pytest.mark.usefixtures("seed")  # its replay command in a failure report
 def test_bad_inputs_are_refused_before_any_launch(one_step):
     net = cm.CapstoneNet(CONFIG, MAX_BATCH, seed=0)
     x, y = one_step["x"], one_step["y"]

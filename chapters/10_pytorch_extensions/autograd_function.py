@@ -21,8 +21,9 @@ Which route when:
   nothing outside autograd knows the operator exists.
 
 Run:   python chapters/10_pytorch_extensions/autograd_function.py
-It checks outputs and gradients against ops.bias_gelu and a float64 reference,
-and runs ``torch.autograd.gradcheck`` in float64.
+It checks outputs and gradients against ops.bias_gelu (bit for bit) and a
+float64 reference (to float32 rounding: ops.bias_gelu_tolerances), and runs
+``torch.autograd.gradcheck`` in float64.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
@@ -90,11 +91,15 @@ def main(argv=None) -> int:
         ours = forward_backward(bias_gelu_function, x, b, dy)
         theirs = forward_backward(ops.bias_gelu, x, b, dy)
         ref = reference(x, b, dy)
-        for name, a, c, r in zip(("y", "dx", "db"), ours, theirs, ref):
+        tols = ops.bias_gelu_tolerances(x, b, dy, ref)
+        for name, a, c, r, tol in zip(("y", "dx", "db"), ours, theirs, ref, tols):
             # The same kernels with the same launch: bit for bit the same numbers.
             check(a, c, tol=0, name=f"{name}: autograd.Function vs custom_op, {m}x{n}")
-            check(a, r, tol=1e-5, name=f"{name} vs float64 torch reference, {m}x{n}")
-        print(f"{m}x{n}: y, dx, db equal to ops.bias_gelu's and within 1e-5 of float64 torch")
+            check(a, r, tol=tol, name=f"{name} vs float64 torch reference, {m}x{n}")
+        print(
+            f"{m}x{n}: y, dx, db equal to ops.bias_gelu's and within float32 rounding "
+            "(1e-5, more where terms cancel) of float64 torch"
+        )
 
     x = torch.randn(4, 7, dtype=torch.float64, generator=g).to(device).requires_grad_()
     b = torch.randn(7, dtype=torch.float64, generator=g).to(device).requires_grad_()

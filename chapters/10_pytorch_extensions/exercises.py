@@ -12,6 +12,9 @@ fixes a launch on the wrong stream, 10.5 fuses two operations forward and
 backward, 10.6 tells autograd what to save and which gradients to return.
 The tests check gradients with torch.autograd.gradcheck (in float64: the
 kernels are built per dtype) and registrations with torch.library.opcheck.
+Every operator also gets transposed and sliced (non-contiguous) inputs, must
+launch every kernel on bridge.torch_stream(), must leave its inputs as they
+were, and its fake must match its real output's shape, dtype and device.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
@@ -56,7 +59,9 @@ def view(t: torch.Tensor, name: str, flat: bool = False):
     """A Numba view of an input tensor (flattened to 1-D if ``flat``).
 
     Inside an operator the inputs may still carry requires_grad (autograd runs
-    around us, not through us): detach() is the same memory.
+    around us, not through us): detach() is the same memory. A non-contiguous
+    input (transposed, sliced) is copied to a contiguous one first: the kernels
+    index row-major, and a view of its storage would read the wrong elements.
     """
     t = t.detach().contiguous()
     return bridge.numba_view(t.view(-1) if flat else t, name)
@@ -199,8 +204,9 @@ def row_sums_fake(x):
     """Exercise 10.2: what row_sums returns, without computing it.
 
     x: a tensor (M, N) with no data (a FakeTensor or on the "meta" device).
-    Returns an empty tensor of row_sums's output shape (M,), dtype and device;
-    raises the same TypeError/ValueError as row_sums for a bad x.
+    Returns an empty tensor of row_sums's output shape (M,), dtype and device
+    (x's device: "meta" for a meta x, never the default device); raises the
+    same TypeError/ValueError as row_sums for a bad x.
     """
     raise NotImplementedError("Exercise 10.2: write row_sums_fake")
 
@@ -237,8 +243,9 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
 
     x: any shape, float32 or float64; returns y = x / (1 + |x|), x's shape and
     dtype, computed by softsign_eager (the Numba kernel). With a fake
-    implementation, torch.compile(fullgraph=True) traces a function calling it
-    without a graph break. TypeError for another dtype.
+    implementation (an empty tensor of x's shape and dtype, on x's device),
+    torch.compile(fullgraph=True) traces a function calling it without a graph
+    break. TypeError for another dtype.
     """
     raise NotImplementedError("Exercise 10.3: write softsign")
 

@@ -28,6 +28,7 @@ a NaN loss and a NaN gradient row, never a silently wrong number.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, import_sibling, pick
+from common.checking import rounding_tolerance
 
 import math
 
@@ -294,6 +295,40 @@ def _(dy, x, b):
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(b)
 
 
+def bias_gelu_tolerances(x, b, dy, ref, tol: float = 1e-5) -> tuple[float, float, float]:
+    """Relative tolerances of float32 (y, dx, db) against their float64 ``ref`` = (y, dx, db).
+
+    x (M, N), b (N,), dy (M, N): the inputs the kernels got (any float dtype;
+    float64 kernels err far less, so the float32 bound covers them too). Each
+    is ``common.checking.rounding_tolerance(ref, M, k, tol)`` with M the size
+    of the terms that the kernels round, per element, and k their roundings:
+
+    * z = x + b rounds once: off by eps |z|, which moves GELU by |GELU'(z)| <= 1.13
+      times that and GELU' by |GELU''(z) z| <= 0.5 times |dy|.
+    * y = z Phi(z) = z (1 + erf(z / sqrt 2)) / 2: the erf (2 ulp on a GPU),
+      the scaled z, the 1 + erf and the products, each relative to terms of size
+      <= |z|, so M = |z|. Where erf nears -1 (z << 0), 1 + erf cancels: y is
+      tiny and its relative error large.
+    * dx = dy (Phi(z) + z phi(z)): both terms below |dy| (1 + |z|) in size;
+      near z = -0.75, where GELU' = 0, they cancel (a one-element draw there
+      fails a fixed 1e-5). M = |dy| (1 + |z|); erf, exp and the arithmetic: 8 roundings.
+    * db = the column sums of dx, over M rows: M more roundings of terms of
+      size sum_r |dy| (1 + |z|).
+
+    A wrong term or sign errs by O(M), far above these. Method: the standard
+    model fl(a op b) = (a op b)(1 + d), |d| <= eps/2 (Higham, *Accuracy and
+    Stability of Numerical Algorithms*, 2nd ed., sec. 2.2).
+    """
+    z = (x.detach().double() + b.detach().double()).abs()
+    dx_terms = dy.detach().double().abs() * (1 + z)
+    y_ref, dx_ref, db_ref = ref
+    return (
+        rounding_tolerance(y_ref, z, 8, tol),
+        rounding_tolerance(dx_ref, dx_terms, 8, tol),
+        rounding_tolerance(db_ref, dx_terms.sum(0), 8 + x.shape[0], tol),
+    )
+
+
 def _bias_gelu_setup(ctx, inputs, output):
     x, b = inputs
     ctx.save_for_backward(x, b)
@@ -376,6 +411,39 @@ def _ce_grad(ctx, dloss, dlse):
 
 
 softmax_cross_entropy_with_lse.register_autograd(_ce_grad, setup_context=_ce_setup)
+
+
+def cross_entropy_tolerances(logits, target, dloss, ref, tol: float = 1e-5) -> tuple[float, float]:
+    """Relative tolerances of float32 (loss, dlogits) against their float64 ``ref`` = (loss, dlogits).
+
+    logits (N, C), target (N,) int64 in [0, C), dloss (N,): the inputs the
+    kernels got. In float32 the logsumexp is off by about
+    e = 4 eps (max |logits| + |lse|) (the subtraction of the max, exp, log,
+    the add) + (C + 2) eps (the sum of C positive exponentials); then:
+
+    * loss = lse - logits[target] cancels for a confident row (loss near 0):
+      M = 4 (|lse| + |logits[target]|) + C + 2, in eps.
+    * dlogits = dloss (p - onehot), p = exp(logits - lse): p is off by p times
+      e + 4 eps |logits|, and p - 1 cancels where p is near 1:
+      M = |dloss| (p (e / eps + 4 |logits|) + 2 (p + onehot)).
+
+    A wrong label, a missing max or a missing term errs by O(1). Method as
+    bias_gelu_tolerances (Higham, 2nd ed., sec. 2.2).
+    """
+    z = logits.detach().double()
+    lse = torch.logsumexp(z, 1, keepdim=True)
+    p = torch.exp(z - lse)
+    onehot = torch.nn.functional.one_hot(target, z.shape[1]).double()
+    lse_error = 4 * (z.abs().amax(1, keepdim=True) + lse.abs()) + z.shape[1] + 2
+    loss_terms = 4 * (lse.abs() + z.gather(1, target[:, None]).abs()) + z.shape[1] + 2
+    grad_terms = dloss.detach().double().abs()[:, None] * (
+        p * (lse_error + 4 * z.abs()) + 2 * (p + onehot)
+    )
+    loss_ref, grad_ref = ref
+    return (
+        rounding_tolerance(loss_ref, loss_terms[:, 0], 1, tol),
+        rounding_tolerance(grad_ref, grad_terms, 1, tol),
+    )
 
 
 def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

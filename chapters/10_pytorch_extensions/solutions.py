@@ -42,7 +42,9 @@ def view(t: torch.Tensor, name: str, flat: bool = False):
     """A Numba view of an input tensor (flattened to 1-D if ``flat``).
 
     Inside an operator the inputs may still carry requires_grad (autograd runs
-    around us, not through us): detach() is the same memory.
+    around us, not through us): detach() is the same memory. A non-contiguous
+    input (transposed, sliced) is copied to a contiguous one first: the kernels
+    index row-major, and a view of its storage would read the wrong elements.
     """
     t = t.detach().contiguous()
     return bridge.numba_view(t.view(-1) if flat else t, name)
@@ -191,8 +193,9 @@ def row_sums_fake(x):
     """Exercise 10.2: what row_sums returns, without computing it.
 
     x: a tensor (M, N) with no data (a FakeTensor or on the "meta" device).
-    Returns an empty tensor of row_sums's output shape (M,), dtype and device;
-    raises the same TypeError/ValueError as row_sums for a bad x.
+    Returns an empty tensor of row_sums's output shape (M,), dtype and device
+    (x's device: "meta" for a meta x, never the default device); raises the
+    same TypeError/ValueError as row_sums for a bad x.
     """
     check_row_sums_args(x)
     return x.new_empty(x.shape[0])
@@ -229,8 +232,9 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
 
     x: any shape, float32 or float64; returns y = x / (1 + |x|), x's shape and
     dtype, computed by softsign_eager (the Numba kernel). With a fake
-    implementation, torch.compile(fullgraph=True) traces a function calling it
-    without a graph break. TypeError for another dtype.
+    implementation (an empty tensor of x's shape and dtype, on x's device),
+    torch.compile(fullgraph=True) traces a function calling it without a graph
+    break. TypeError for another dtype.
     """
     return softsign_eager(x)
 
