@@ -273,7 +273,9 @@ def test_check_names_index_patterns(rng):
 
 def test_check_names_a_missing_per_block_term(rng):
     # An inclusive scan whose blocks of 32 never add the sums of the blocks before them.
-    x = random_array(70, np.int32, rng)
+    # Positive values: a block summing to 0 would make two runs share one constant
+    # (seed 55 drew one), which is a different, also correct, diagnosis.
+    x = np.abs(random_array(70, np.int32, rng)) + 1
     ref = np.cumsum(x).astype(np.int32)
     out = np.concatenate([np.cumsum(x[b : b + 32]) for b in range(0, 70, 32)]).astype(np.int32)
     assert "one constant for each run of 32 elements" in _check_message(out, ref)
