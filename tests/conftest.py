@@ -55,7 +55,9 @@ def _seed_sweep(config):
     try:
         start, stop = (int(part) for part in text.split(":"))
     except ValueError:
-        raise pytest.UsageError(f"--seed-sweep takes START:STOP (e.g. 0:200), got {text!r}") from None
+        raise pytest.UsageError(
+            f"--seed-sweep takes START:STOP (e.g. 0:200), got {text!r}"
+        ) from None
     if not 0 <= start < stop:
         raise pytest.UsageError(f"--seed-sweep needs 0 <= START < STOP, got {text!r}")
     return range(start, stop)
