@@ -30,6 +30,7 @@ Primitives for Deep Learning", section 3).
                                 partials in float64 in a fixed order, writes dw and db
     block_channel_sums          (device function of the forward kernels) a block's
                                 per-channel sums: float32 over a thread's <= 8 pixels,
+                                taken around the thread's first output (shifted_sums),
                                 float64 across the threads, in a fixed two-level order
 
 GEMM view (stride 1, zero padding ``pad``, NCHW x OIHW as in kernels.py):
@@ -269,6 +270,26 @@ def igemm_k_tile(tiles: IgemmTiles, k: int) -> tuple[int, int]:
 # ---------------------------------------------------------------------------
 
 
+@jit(device=True, inline=True)
+def shifted_sums(count, shift, s1, s2):
+    """(sum x, sum x^2) in float64 of ``count`` values x from their float32 sums
+    around ``shift``: s1 = sum (x - shift), s2 = sum (x - shift)^2.
+
+    Why shifted: a channel whose |mean| is R times its std has sum x^2 about
+    (R^2 + 1) n var, so each float32 rounding of an x^2 or of the running sum
+    moves var = E[x^2] - E[x]^2 by up to R^2 eps32 / 2 of var: 1e-4, the
+    capstone's whole tolerance, at R = 40. With ``shift`` one of the values,
+    x - shift is of the size of the spread and the float32 sums lose only
+    eps32 of that (the "shifted data" algorithm: Chan, Golub and LeVeque,
+    "Algorithms for computing the sample variance", The American Statistician
+    37(3), 1983). The products with ``shift`` below are exact in float64
+    (24-bit float32 factors, count < 32): only two float64 roundings are added.
+    """
+    k = float64(shift)
+    t1 = float64(s1)
+    return count * k + t1, (count * k) * k + 2.0 * k * t1 + float64(s2)
+
+
 def make_block_channel_sums(ROWS, WIDTH, THREADS):
     """Factory: device function writing one block's row of ``bn_partials``.
 
@@ -467,22 +488,27 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                     k += UNROLL
 
         # Epilogue: (+ bias), write out, and (forward) this thread's channel sums
-        # over its TM rows: float32 is exact enough for TM terms and keeps the
-        # float64 pipe (half rate or less) out of the per-element work.
+        # over its TM rows, in float32 (keeps the float64 pipe, half rate or
+        # less, out of the per-element work) around the thread's first output
+        # (see shifted_sums: no cancellation when a channel's |mean| >> std).
         bias = cuda.local.array(TN, float32)
+        shift = cuda.local.array(TN, float32)
         s1 = cuda.local.array(TN, float32)
         s2 = cuda.local.array(TN, float32)
         for j in range(TN):
             co = col0 + (j // GN) * GB + tn * GN + j % GN
             bias[j] = b[co] if FORWARD and co < c_out else float32(0.0)
+            shift[j] = acc[0, j] + bias[j]  # row 0 is the thread's first (0 if none valid)
             s1[j] = 0.0
             s2[j] = 0.0
+        rows = 0  # this thread's rows inside the batch
         for g in range(TM // GM):
             m = row0 + g * GA + tm * GM
             img = m // ohw  # one division per group of GM consecutive rows
             p = m - img * ohw
             for i2 in range(GM):
                 if m < m_total:
+                    rows += 1
                     o_row = img * c_out * ohw + p
                     for j in range(TN):
                         co = col0 + (j // GN) * GB + tn * GN + j % GN
@@ -490,8 +516,9 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                             v = acc[g * GM + i2, j] + bias[j]
                             out[uint64(o_row + co * ohw)] = v
                             if FORWARD:
-                                s1[j] += v
-                                s2[j] += v * v
+                                d = v - shift[j]
+                                s1[j] += d
+                                s2[j] += d * d
                 m += 1
                 p += 1
                 if p == ohw:
@@ -504,8 +531,9 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
             red2 = cuda.shared.array(RED2, float64)
             for j in range(TN):
                 c = (j // GN) * GB + tn * GN + j % GN
-                red[tm * BN + c] = float64(s1[j])
-                red[(TXM + tm) * BN + c] = float64(s2[j])
+                sum1, sum2 = shifted_sums(rows, shift[j], s1[j], s2[j])
+                red[tm * BN + c] = sum1
+                red[(TXM + tm) * BN + c] = sum2
             block_sums(red, red2, bn_partials, cuda.blockIdx.x, col0, c_out, tid)
 
     conv2d_igemm.threads = THREADS
@@ -816,28 +844,34 @@ def make_conv2d_direct(TXP, TP, TYC, TC, KSIZE, CI_CHUNK, MIN_BLOCKS=2):
                                 for j in range(TC):
                                     acc[i, j] += v * wf[j]
         # Epilogue: + bias, coalesced writes, per-thread channel sums over the TP
-        # pixels (float32: TP terms), then float64 across the block.
+        # pixels (float32, around the thread's first output: see shifted_sums),
+        # then float64 across the block.
         s1 = cuda.local.array(TC, float32)
         s2 = cuda.local.array(TC, float32)
         bias = cuda.local.array(TC, float32)
+        shift = cuda.local.array(TC, float32)
         for j in range(TC):
             s1[j] = 0.0
             s2[j] = 0.0
             co = col0 + tc * TC + j
             bias[j] = b[co] if co < c_out else float32(0.0)
+            shift[j] = acc[0, j] + bias[j]  # pixel 0 is the thread's first (0 if none valid)
+        rows = 0  # this thread's pixels inside the batch
         m = row0 + tp
         img = m // ohw
         p = m - img * ohw
         dp = TXP - dn * ohw
         for i in range(TP):
             if m < m_total:
+                rows += 1
                 o_row = (img * c_out + col0 + tc * TC) * ohw + p
                 for j in range(TC):
                     if col0 + tc * TC + j < c_out:
                         v = acc[i, j] + bias[j]
                         out[uint64(o_row + j * ohw)] = v
-                        s1[j] += v
-                        s2[j] += v * v
+                        d = v - shift[j]
+                        s1[j] += d
+                        s2[j] += d * d
             m += TXP
             p += dp
             img += dn
@@ -845,8 +879,9 @@ def make_conv2d_direct(TXP, TP, TYC, TC, KSIZE, CI_CHUNK, MIN_BLOCKS=2):
                 p -= ohw
                 img += 1
         for j in range(TC):
-            red[tp * BC + tc * TC + j] = float64(s1[j])
-            red[(TXP + tp) * BC + tc * TC + j] = float64(s2[j])
+            sum1, sum2 = shifted_sums(rows, shift[j], s1[j], s2[j])
+            red[tp * BC + tc * TC + j] = sum1
+            red[(TXP + tp) * BC + tc * TC + j] = sum2
         block_sums(red, red2, bn_partials, cuda.blockIdx.x, col0, c_out, tid)
 
     conv2d_direct.threads = THREADS

@@ -113,9 +113,11 @@ def make_partials_finalize(THREADS_R):
         block_sum_pair(partials, c, s0, s1)
         if cuda.threadIdx.x == 0:
             mu = s0[0] / count
-            # One pass: var = E[x^2] - E[x]^2, safe here because the sums are
-            # float64 (the float32 data's mean/std ratio would have to pass 1e4
-            # before the cancellation reached float32 precision).
+            # One pass: var = E[x^2] - E[x]^2 in float64 loses about R^2 * 1e-16
+            # of var for a channel with |mean| = R std: below float32 rounding up
+            # to R ~ 1e4. The partial sums must be that accurate too: the
+            # convolutions take their float32 per-thread sums around a value of
+            # the channel (fast_conv.shifted_sums), not around 0.
             var = max(s1[0] / count - mu * mu, 0.0)
             inv = 1.0 / math.sqrt(var + eps)
             mean[c] = mu

@@ -7,13 +7,14 @@ guarded outputs (NaN everywhere, a poisoned margin that must stay untouched),
 compared with common.checking.check. Shapes are hostile and tiny (the simulator
 runs a Python thread per CUDA thread): batch 1, odd channel counts, pixel
 counts that are and are not multiples of the tile, K = 1, 2, 3, 5, pad 0, a
-1 x 1 image. Most tests use the simulator tiles (8-thread blocks); one test per
-kernel runs the GPU tile shape on a problem of one or two blocks, so the code
-path a GPU takes is the one checked.
+1 x 1 image, output channels whose |mean| is 40 to 1000 times their std (the
+batchnorm sums must not cancel). Most tests use the simulator tiles (8-thread
+blocks); one test per kernel runs the GPU tile shape on a problem of one or two
+blocks, so the code path a GPU takes is the one checked.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import CheckError, check, guarded, random_array
+from common.checking import CheckError, check, guarded, random_array, rounding_tolerance
 
 import dataclasses
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from mutants import mutant
 from numba import cuda
 
 from final_project import fast_conv as FC
@@ -34,11 +36,13 @@ from final_project import fast_conv as FC
 TOL = 1e-4
 
 
-def _problem(rng, n, c_in, c_out, h, w, k, pad):
-    """Inputs (host and device) and the float64 torch references for one conv."""
+def _problem(rng, n, c_in, c_out, h, w, k, pad, large_mean=False):
+    """Inputs (host and device) and the float64 torch references for one conv;
+    ``large_mean``: a bias that moves the output channels' means far from 0
+    (:func:`_large_mean_bias`)."""
     x = random_array((n, c_in, h, w), np.float32, rng)
     wt = random_array((c_out, c_in, k, k), np.float32, rng)
-    b = random_array(c_out, np.float32, rng)
+    b = _large_mean_bias(rng, x, wt, pad) if large_mean else random_array(c_out, np.float32, rng)
     tx, tw, tb = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, wt, b))
     out = F.conv2d(tx, tw, tb, padding=pad)
     dout = random_array(tuple(out.shape), np.float32, rng)
@@ -62,6 +66,25 @@ def _problem(rng, n, c_in, c_out, h, w, k, pad):
         b_=cuda.to_device(b),
         dout_=cuda.to_device(dout),
     )
+
+
+# The output channels' |mean| / std under _large_mean_bias: from 40, where a
+# float32 E[x^2] - E[x]^2 starts to lose the variance (its rounding, about
+# R^2 eps32 of var, reaches 1e-4), to 1000, where float32 data still resolve
+# the spread (a value's rounding is 1e-4 of std).
+MEAN_OVER_STD = (40.0, 1000.0)
+
+
+def _large_mean_bias(rng, x, wt, pad):
+    """A float32 bias that puts output channel c's mean at R_c times its std
+    (random signs), R_c spread geometrically over MEAN_OVER_STD in random order,
+    as a convolution before batchnorm can have (a large bias, or inputs all of
+    one sign, as after a ReLU)."""
+    out = F.conv2d(*(torch.from_numpy(a.astype(np.float64)) for a in (x, wt)), padding=pad)
+    mean, std = out.mean((0, 2, 3)).numpy(), out.std((0, 2, 3), unbiased=False).numpy()
+    ratio = rng.permutation(np.geomspace(*MEAN_OVER_STD, wt.shape[0]))
+    sign = rng.choice([-1.0, 1.0], wt.shape[0])
+    return (sign * ratio * std - mean).astype(np.float32)
 
 
 def _block_sums(out, rows, block):
@@ -89,6 +112,70 @@ def _check_forward(pb, launch, rows, block, name):
     ref = _block_sums(pb.out, rows, block)
     check(got[:, 0], ref[:, 0], TOL, f"{name} per-block sums")
     check(got[:, 1], ref[:, 1], TOL, f"{name} per-block sums of squares")
+
+
+def check_large_mean_statistics(pb, launch, rows, per_thread, name):
+    """The batch variance that bn_stats_finalize will take from ``bn_partials``,
+    sum x^2 / n - (sum x / n)^2 per channel, against the variance of the
+    kernel's own float32 output (in float64), on channels whose |mean| is 40 to
+    1000 times their std.
+
+    The tolerance is the float32 rounding of sums taken around one of a
+    thread's values (fast_conv.shifted_sums): each of a thread's ``per_thread``
+    values x enters as d = x - shift, |d| <= 2D with D = max |x - mean| over
+    the channel; the sums of d and d^2 and the d themselves round by at most
+    about 4 (per_thread + 1) eps32 D^2 of var per value, averaged (Higham,
+    sec. 2.2; the float64 steps add R^2 * 1e-16, far less). The same sums taken
+    around 0 (x for d) err by about R^2 eps32 var / sqrt(n): at R = 1000 a
+    thousand times more, so that kernel fails.
+    """
+    out = guarded(pb.out.shape, np.float32)
+    parts = guarded((rows, 2, pb.c_out), np.float64)
+    launch(pb.x_, pb.w_, pb.b_, pb.pad, out.array, parts.array)
+    out.check_untouched(f"{name} out")
+    parts.check_untouched(f"{name} bn_partials")
+    check(out.array, pb.out, TOL, f"{name} out")
+    z = out.array.copy_to_host().astype(np.float64)
+    count = z.size // pb.c_out
+    sums = parts.array.copy_to_host().sum(0)
+    var = sums[1] / count - (sums[0] / count) ** 2
+    var_ref = z.var((0, 2, 3))
+    spread = np.abs(z - z.mean((0, 2, 3), keepdims=True)).max((0, 2, 3)) ** 2
+    tol = rounding_tolerance(var_ref, spread, 4 * (per_thread + 1), 0.0)
+    check(var, var_ref, tol, f"{name} channel variances (|mean| = 40 to 1000 std)")
+
+
+# Large-mean checks: the simulator tiles on 20 and 24 pixels, and the GPU tiles
+# on problems where some threads hold all 8 of their rows (igemm: 81 pixels
+# in a 128-row tile; direct: 256 pixels, one block); at least two output
+# channels, so R = 40 and R = 1000 both occur.
+LARGE_MEAN_SHAPES = [(1, 3, 5, 4, 5, 3, 1), (2, 2, 3, 4, 3, 3, 1)]
+
+
+@pytest.mark.parametrize(
+    "tiles, shape",
+    [(FC.SIM_IGEMM_TILES, s) for s in LARGE_MEAN_SHAPES]
+    + [(FC.GPU_IGEMM_TILES, (1, 1, 3, 9, 9, 3, 1))],
+    ids=["sim-batch1-odd", "sim-batch2", "gpu-tiles"],
+)
+def test_forward_igemm_large_mean_variance(rng, tiles, shape):
+    pb = _problem(rng, *shape, large_mean=True)
+    rows = FC.conv2d_forward_igemm_partial_rows(pb.n, pb.h_out, pb.w_out, tiles)
+    launch = lambda *a: FC.conv2d_forward_igemm(*a, tiles=tiles)  # noqa: E731
+    check_large_mean_statistics(pb, launch, rows, tiles.tm, "igemm forward")
+
+
+@pytest.mark.parametrize(
+    "tiles, shape",
+    [(FC.SIM_DIRECT_TILES, s) for s in LARGE_MEAN_SHAPES]
+    + [(FC.GPU_DIRECT_TILES, (1, 1, 2, 16, 16, 3, 1))],
+    ids=["sim-batch1-odd", "sim-batch2", "gpu-tiles"],
+)
+def test_forward_direct_large_mean_variance(rng, tiles, shape):
+    pb = _problem(rng, *shape, large_mean=True)
+    rows = FC.conv2d_forward_direct_partial_rows(pb.n, pb.h_out, pb.w_out, pb.c_out, tiles)
+    launch = lambda *a: FC.conv2d_forward_direct(*a, tiles=tiles)  # noqa: E731
+    check_large_mean_statistics(pb, launch, rows, tiles.tp, "direct forward")
 
 
 def check_forward_igemm(rng, shape, tiles):
@@ -257,6 +344,53 @@ def test_check_catches_skipped_last_k_tile(rng):
     rows = FC.conv2d_forward_igemm_partial_rows(pb.n, pb.h_out, pb.w_out, tiles)
     with pytest.raises(CheckError, match="igemm forward out"):
         _check_forward(pb, broken, rows, tiles.bm, "igemm forward")
+
+
+# The epilogue as it was: float32 sums of x and x^2 around 0, the one-pass
+# E[x^2] - E[x]^2 that cancels when |mean| >> std.
+UNSHIFTED = ("shift[j] = acc[0, j] + bias[j]", "shift[j] = float32(0.0)")
+
+
+@pytest.mark.parametrize("kind", ["igemm", "direct"])
+def test_large_mean_check_catches_sums_around_zero(rng, kind):
+    pb = _problem(rng, *LARGE_MEAN_SHAPES[0], large_mean=True)
+    if kind == "igemm":
+        t = FC.SIM_IGEMM_TILES
+        cb, kr = FC.igemm_k_tile(t, pb.k)
+        kernel = mutant(FC.make_conv2d_igemm, UNSHIFTED)(t.bm, t.bn, t.tm, t.tn, pb.k, cb, kr, True)
+        rows = FC.conv2d_forward_igemm_partial_rows(pb.n, pb.h_out, pb.w_out, t)
+        k_tiles = -(-pb.c_in // cb) * -(-pb.k // kr)
+
+        def broken(x, w, b, pad, out, bn_partials):
+            FC.launch_conv2d_igemm(kernel, x, w, b, pad, out, bn_partials, k_tiles)
+
+        per_thread = t.tm
+    else:
+        t = FC.SIM_DIRECT_TILES
+        kernel = mutant(FC.make_conv2d_direct, UNSHIFTED)(
+            t.txp, t.tp, t.tyc, t.tc, pb.k, FC.direct_ci_chunk(t, pb.k)
+        )
+        rows = FC.conv2d_forward_direct_partial_rows(pb.n, pb.h_out, pb.w_out, pb.c_out, t)
+
+        def broken(x, w, b, pad, out, bn_partials):
+            flat = [a.reshape(a.size) for a in (x, w)]
+            kernel[(rows, -(-pb.c_out // (t.tyc * t.tc))), kernel.threads](
+                *flat,
+                b,
+                out.reshape(out.size),
+                bn_partials,
+                pb.n,
+                pb.c_in,
+                *x.shape[2:],
+                pb.c_out,
+                pb.h_out,
+                pb.w_out,
+                pad,
+            )
+
+        per_thread = t.tp
+    with pytest.raises(CheckError, match="channel variances"):
+        check_large_mean_statistics(pb, broken, rows, per_thread, kind)
 
 
 def test_check_catches_dropped_split_k_chunk(rng):

@@ -2,10 +2,13 @@
 against torch.autograd in float64, on hostile shapes: batch 1, odd channel
 counts, sizes that are not multiples of the tiles, ties in the max-pool, a
 closed ReLU at exactly zero, logits past float64's exp range, a variance below
-batchnorm's eps, an invalid label; for each edge a broken kernel (a one-token
+batchnorm's eps, channels whose |mean| is 40 to 1000 times their std, a batch
+that leaves the batchnorm backward reduce a short last group of images, labels
+outside [0, C) (C itself among them); for each edge a broken kernel (a one-token
 source edit of the real one) must fail the check. float32 kernels against a
 float64 truth land near 1e-6; the tolerance 1e-4 (final_project.checks.TOL)
-leaves room for sums of a few thousand terms and fails any wrong index.
+leaves room for sums of a few thousand terms and fails any wrong index; where
+terms cancel, the tolerance is their float32 rounding (rounding_tolerance).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
@@ -98,6 +101,81 @@ def test_bn_stats_finalize(rng, n, c, h, w, rows):
     check(z * sc + sh, y, TOL, "z * scale + shift")
 
 
+# Channels' |mean| / std from 40, where a float32 E[x^2] - E[x]^2 starts to
+# lose the variance (it rounds E[x^2] = (R^2 + 1) var by eps32 / 2: 1e-4 of var
+# at R = 40), to 1000, where float32 data still resolve the spread (a value's
+# rounding is 1e-4 of std).
+MEAN_OVER_STD = (40.0, 1000.0)
+
+
+def _large_mean_input(rng, n, c, h, w):
+    """Conv-like z whose channel c has |mean| = R_c std, R_c spread geometrically
+    over MEAN_OVER_STD in random order, random signs and spreads."""
+    std = rng.uniform(0.5, 3, c)
+    mean = rng.choice([-1.0, 1.0], c) * rng.permutation(np.geomspace(*MEAN_OVER_STD, c)) * std
+    z = random_array((n, c, h, w), np.float32, rng) * std[:, None, None] + mean[:, None, None]
+    return z.astype(np.float32)
+
+
+def check_bn_stats_large_mean(rng, finalize=fl.bn_stats_finalize):
+    """Training statistics of channels whose |mean| is 40 to 1000 times their
+    std, from float64 partial sums (as the convolutions write them; their own
+    accuracy on such channels is tests/test_final_project_fast_conv.py's).
+
+    bn_stats_finalize works in float64 and rounds each result to float32 once;
+    its one-pass variance loses R^2 2^-52 <= 3e-10 of var, far below that. So
+    mean, invstd and the running statistics get two float32 roundings
+    (eps32 each) and no more: a variance taken in float32 errs by R^2 eps32 / 2
+    of var, from 1e-4 at R = 40, and fails.
+    """
+    z = _large_mean_input(rng, 2, 4, 4, 6)
+    gamma, beta, rm, rv, dev, st = _bn_forward_stats(rng, z, finalize=finalize)
+    tz, trm, trv = _t(z), _t(rm), _t(rv)
+    y = F.batch_norm(tz, trm, trv, _t(gamma), _t(beta), training=True, momentum=0.1, eps=1e-5)
+    want = {
+        "mean": tz.mean((0, 2, 3)),
+        "invstd": 1 / torch.sqrt(tz.var((0, 2, 3), unbiased=False) + 1e-5),
+    }
+    for k, ref in want.items():
+        check(st[k], ref, rounding_tolerance(ref, ref, 2, 0.0), f"{k} (|mean| = 40 to 1000 std)")
+    for got, ref, k in ((dev["rm"], trm, "running mean"), (dev["rv"], trv, "running var")):
+        check(got, ref, rounding_tolerance(ref, ref, 2, 0.0), f"{k} (|mean| = 40 to 1000 std)")
+    # z * scale + shift cancels (both terms are R times the output): allow the
+    # float32 rounding of those terms, as check_bn_relu_maxpool does.
+    sc = st["scale"].copy_to_host().astype(np.float64).reshape(1, -1, 1, 1)
+    sh = st["shift"].copy_to_host().reshape(1, -1, 1, 1)
+    mean64 = st["mean"].copy_to_host().astype(np.float64).reshape(1, -1, 1, 1)
+    terms = np.abs(z * sc) + np.abs(mean64 * sc) + np.abs(beta).reshape(1, -1, 1, 1)
+    check(
+        z * sc.astype(np.float32) + sh,
+        y,
+        rounding_tolerance(y, terms, 6, TOL),
+        "z * scale + shift (|mean| = 40 to 1000 std)",
+    )
+
+
+def test_bn_stats_large_mean(rng):
+    check_bn_stats_large_mean(rng)
+
+
+def test_large_mean_check_catches_float32_variance(rng):
+    stats_kernel, _ = mutant(
+        fl.make_partials_finalize,
+        (
+            "var = max(s1[0] / count - mu * mu, 0.0)",
+            "var = max(float32(s1[0] / count) - float32(mu * mu), 0.0)",
+        ),
+    )(fl.REDUCE_THREADS)
+
+    def broken(partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift):
+        stats_kernel[mean.shape[0], fl.REDUCE_THREADS](
+            partials, count, gamma, beta, eps, momentum, rm, rv, mean, invstd, scale, shift
+        )
+
+    with pytest.raises(CheckError, match="invstd"):
+        check_bn_stats_large_mean(rng, finalize=broken)
+
+
 def _bn_block_reference(z, gamma, beta, dpooled_shape_rng):
     """maxpool(relu(batchnorm(z))) in float64 torch, with grads wrt z, gamma, beta."""
     tz, tg, tb = _t(z, True), _t(gamma, True), _t(beta, True)
@@ -171,6 +249,30 @@ def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w):
     # windows all below the ReLU threshold (four tied zeros after it).
     z[0, 0, 0:2, 0:2] = z[0, 0, 0, 0]
     check_bn_relu_maxpool(rng, z)
+
+
+def tail_group_shape(c=2):
+    """(N, C, H, W) of a z whose backward reduce leaves its last block short:
+    pooled planes of 6 x BN_REDUCE_BLOCK / 2 values, so a block (about 8 values
+    a thread) takes bn_backward_images_per_block = 2 images, and N = 3 leaves
+    one image for the last block, with the GPU's block size as with the
+    simulator's."""
+    n, h, w = 3, 12, fl.BN_REDUCE_BLOCK
+    per = fl.bn_backward_images_per_block(n, h // 2, w // 2)
+    assert per == 2 and n % per, per
+    return n, c, h, w
+
+
+def test_bn_relu_maxpool_batch_not_a_multiple_of_the_image_group(rng):
+    check_bn_relu_maxpool(rng, _conv_like(rng, *tail_group_shape()))
+
+
+def test_tail_group_check_catches_dropped_last_block(rng):
+    """A launch of the backward reduce that rounds the block count down
+    (N // images per block): the last, short group is never summed."""
+    broken = mutant(fl.bn_relu_maxpool_backward_reduce, ("ceil_div(n, per)", "n // per"))
+    with pytest.raises(CheckError, match="dgamma"):
+        check_bn_relu_maxpool(rng, _conv_like(rng, *tail_group_shape()), reduce=broken)
 
 
 def _zero_preactivation_input(rng, n=2, c=2, h=4, w=6):
@@ -515,14 +617,51 @@ def test_classifier_check_catches_open_relu_mask(rng):
         check_classifier_extreme_rows(rng, classifier=broken)
 
 
-def test_classifier_invalid_label_gives_nan(rng):
-    h = random_array((3, 4), np.float32, rng)
-    w, b = random_array((5, 4), np.float32, rng), random_array(5, np.float32, rng)
-    labels = np.array([0, 7, 4], np.int32)
-    bufs = [cuda.device_array(s, np.float32) for s in ((3, 5), 3, (3, 5), (3, 4))]
-    fl.classifier_fused(*(cuda.to_device(a) for a in (h, w, b, labels)), *bufs)
-    row = bufs[1].copy_to_host()
-    assert np.isnan(row[1]) and np.isfinite(row[[0, 2]]).all()
+def check_classifier_invalid_labels(rng, classes, classifier=fl.classifier_fused):
+    """Labels outside [0, C) give a NaN row loss (so the mean loss is NaN: the
+    model's contract for bad labels, checked on the device), valid rows stay
+    finite. Among them C itself, one past the last class: a bounds test with
+    ``<=`` for ``<`` reads logit C, which does not exist."""
+    n, hidden = 6, 4
+    h = random_array((n, hidden), np.float32, rng)
+    w, b = random_array((classes, hidden), np.float32, rng), random_array(classes, np.float32, rng)
+    labels = rng.integers(0, classes, n).astype(np.int32)
+    invalid = {1: classes, 3: -1, 4: classes + 7}
+    for row, label in invalid.items():
+        labels[row] = label
+    row_loss = guarded(n, np.float32)
+    bufs = [cuda.device_array(s, np.float32) for s in ((n, classes), (n, classes), (n, hidden))]
+    classifier(
+        *(cuda.to_device(a) for a in (h, w, b, labels)), bufs[0], row_loss.array, bufs[1], bufs[2]
+    )
+    row = row_loss.array.copy_to_host()
+    bad = sorted(invalid)
+    good = [r for r in range(n) if r not in invalid]
+    assert np.isnan(row[bad]).all(), f"labels {labels[bad]} (of {classes} classes) gave {row[bad]}"
+    assert np.isfinite(row[good]).all(), f"valid labels gave {row[good]}"
+
+
+@pytest.mark.parametrize("classes", [5, fl.CLS_MAX_CLASSES])
+def test_classifier_invalid_label_gives_nan(rng, classes):
+    check_classifier_invalid_labels(rng, classes)
+
+
+def test_invalid_label_check_catches_label_equal_to_classes(rng):
+    kernel = mutant(
+        fl.classifier_fused_kernel,
+        ("if (label >= 0 and label < classes)", "if (label >= 0 and label <= classes)"),
+    )
+
+    def broken(h, w, b, labels, *outs):
+        kernel[ceil_div(h.shape[0], fl.CLS_ROWS), (fl.CLS_MAX_CLASSES, fl.CLS_ROWS)](
+            h, w, b, labels, *outs
+        )
+
+    # With C = 32 the logit row in shared memory is full, so logit C is past its
+    # end: the simulator raises IndexError; a GPU reads the next row's logit 0,
+    # a finite number, and the check fails.
+    with pytest.raises((AssertionError, IndexError)):
+        check_classifier_invalid_labels(rng, fl.CLS_MAX_CLASSES, classifier=broken)
 
 
 def test_classifier_refuses_too_many_classes():

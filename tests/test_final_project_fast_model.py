@@ -5,31 +5,129 @@ replay, a new batch size builds a new graph) as far as the simulator allows.
 The step check is the same one the naive model passes (final_project.checks,
 relative error 1e-4 on the loss, every gradient, every parameter and running
 statistic after the update); sizes are hostile: odd channel counts, batch 1,
-a batch that is not a multiple of any tile.
+a batch that is not a multiple of any tile nor of the batchnorm backward
+reduce's group of images; a label equal to the class count gives a NaN loss.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import check
+from common.checking import CheckError, check
 from common.internal import racecheck
 
 import numpy as np
 import pytest
+from mutants import mutant
 from numba import cuda
 
-from final_project import checks
+from final_project import checks, reference
+from final_project import fast_layers as fl
 from final_project.fast_model import FastCNN
 from final_project.graph import EagerBackend
 from final_project.model import NetConfig, NumbaCNN, init_params
 
 TINY = NetConfig(height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
+# Images 8 x (3/2) BN_REDUCE_BLOCK: bn1's pooled planes hold 3 BN_REDUCE_BLOCK
+# values, so its backward reduce (about 8 values a thread) takes 2 images a block
+# (fl.bn_backward_images_per_block) and a batch of 3 leaves the last block one
+# image: with the GPU's block size as with the simulator's.
+TAIL = NetConfig(height=8, width=3 * fl.BN_REDUCE_BLOCK // 2, c1=3, c2=5, hidden=7, num_classes=4)
+TAIL_BATCH = 3
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_fast_train_step_matches_reference(rng, n):
+# A batch is redrawn while an input of fc1's ReLU lies within KINK_MARGIN of the
+# size of its terms (sum |a w| + |b|) from 0. There float32 rounding, about
+# K eps32 of those terms for K inputs (7e-6 for the 60 inputs of TAIL), can
+# close a unit the float64 reference opens: one (image, unit) of a batch of 3
+# then moves that unit's row of fc1's weight gradient by O(1) (seen: an input
+# of 1.3e-7). check_train_step takes the model's max-pool choice at near-ties;
+# for ReLU kinks it has no rule, and no check can judge the draw.
+KINK_MARGIN = 1e-4
+
+
+def judgeable_batch(state, config, n, rng):
+    """checks.random_batch, drawn again while the float64 forward from ``state``
+    puts an input of fc1's ReLU within KINK_MARGIN of its terms' size from 0."""
+    for _ in range(100):
+        x, y = checks.random_batch(config, n, rng)
+        _, caches, _ = reference.reference_forward(state, x, config, training=True)
+        a, w = caches["fc1"]
+        terms = np.abs(a) @ np.abs(w.T) + np.abs(state["fc1.bias"].astype(np.float64))
+        if np.all(np.abs(caches["relu_fc1"]) > KINK_MARGIN * terms):
+            return x, y
+    raise AssertionError("100 batches in a row put a ReLU input at its kink")
+
+
+def _poison_bn_partials(model):
+    """NaN in the batchnorm partial-sum buffers, so a row a step leaves unwritten
+    shows (freshly allocated memory may hold the right numbers from an earlier
+    step or test: a graph replay reads the previous step's)."""
+    for name in ("bn1_partials", "bn2_partials", "bn1_back_partials", "bn2_back_partials"):
+        buf = getattr(model, name)
+        buf.copy_to_device(np.full(buf.shape, np.nan, buf.dtype))
+
+
+def _assert_short_last_bn1_block(config, n):
+    per = fl.bn_backward_images_per_block(n, config.height // 2, config.width // 2)
+    assert n % per, f"a batch of {n} is {n // per} whole groups of {per} images"
+
+
+@pytest.mark.parametrize(
+    "config, n",
+    [(TINY, 1), (TINY, 3), (TAIL, TAIL_BATCH)],
+    ids=["batch1", "batch3", "batch3-short-last-bn-block"],
+)
+def test_fast_train_step_matches_reference(rng, config, n):
+    if config is TAIL:
+        _assert_short_last_bn1_block(config, n)
     # max_batch n + 1: a batch smaller than the buffers uses their first rows
-    model = FastCNN(TINY, max_batch=n + 1, seed=int(rng.integers(1000)))
-    x, y = checks.random_batch(TINY, n, rng)
+    model = FastCNN(config, max_batch=n + 1, seed=int(rng.integers(1000)))
+    _poison_bn_partials(model)
+    x, y = judgeable_batch(model.state_dict(), config, n, rng)
     checks.check_train_step(model, x, y, lr=0.1)
+
+
+def test_train_step_check_catches_dropped_last_bn_block(rng, monkeypatch):
+    """The batchnorm backward reduce launched with N // images-per-block blocks:
+    the last, short group of images never enters dgamma and dbeta."""
+    _assert_short_last_bn1_block(TAIL, TAIL_BATCH)
+    broken = mutant(fl.bn_relu_maxpool_backward_reduce, ("ceil_div(n, per)", "n // per"))
+    monkeypatch.setattr(fl, "bn_relu_maxpool_backward_reduce", broken)
+    model = FastCNN(TAIL, max_batch=TAIL_BATCH, seed=int(rng.integers(1000)))
+    _poison_bn_partials(model)
+    x, y = judgeable_batch(model.state_dict(), TAIL, TAIL_BATCH, rng)
+    with pytest.raises(CheckError, match="bn1"):
+        checks.check_train_step(model, x, y, lr=0.1)
+
+
+# All 32 classes the fused classifier holds: a label of 32 is then past the end of
+# its logit row, so a bounds test with <= for < reads outside the row (an
+# IndexError in the simulator, a neighbour's finite logit on a GPU).
+FULL_HEAD = NetConfig(height=8, width=8, c1=2, c2=3, hidden=5, num_classes=fl.CLS_MAX_CLASSES)
+
+
+def check_label_equal_to_classes_gives_nan_loss(rng):
+    """One label equal to num_classes (one past the last class): the model's
+    contract is a NaN loss (labels are checked on the device, not refused)."""
+    model = FastCNN(FULL_HEAD, max_batch=2, seed=int(rng.integers(1000)))
+    x, y = checks.random_batch(FULL_HEAD, 2, rng)
+    y[1] = FULL_HEAD.num_classes
+    model.loss_and_grads(x, y)
+    model.synchronize()
+    loss = float(model.loss.copy_to_host()[0])
+    assert np.isnan(loss), f"label {y[1]} of {FULL_HEAD.num_classes} classes gave the loss {loss}"
+
+
+def test_label_equal_to_classes_gives_nan_loss(rng):
+    check_label_equal_to_classes_gives_nan_loss(rng)
+
+
+def test_nan_loss_check_catches_label_equal_to_classes(rng, monkeypatch):
+    kernel = mutant(
+        fl.classifier_fused_kernel,
+        ("if (label >= 0 and label < classes)", "if (label >= 0 and label <= classes)"),
+    )
+    monkeypatch.setattr(fl, "classifier_fused_kernel", kernel)
+    with pytest.raises((AssertionError, IndexError)):
+        check_label_equal_to_classes_gives_nan_loss(rng)
 
 
 def test_fast_eval_forward_matches_reference(rng):
@@ -39,7 +137,7 @@ def test_fast_eval_forward_matches_reference(rng):
 def test_fast_conv1_igemm_variant_matches_naive_model(rng):
     """conv1 through the implicit GEMM instead of the direct kernel: same step."""
     state = init_params(TINY, 1)
-    x, y = checks.random_batch(TINY, 2, rng)
+    x, y = judgeable_batch(state, TINY, 2, rng)  # the two models round differently too
     fast = FastCNN(TINY, max_batch=2, params=state, conv1="igemm")
     naive = NumbaCNN(TINY, max_batch=2, params=state)
     for model in (fast, naive):

@@ -37,7 +37,16 @@ def transpose_trick(a, b):
     column-major library for B^T @ A^T (N x M, column-major) writes exactly
     the bytes of row-major C: no copy, no transpose kernel. NumPy shows it:
     ``.T`` only swaps strides.
+
+    a (M, K), b (K, N): NumPy arrays; returns C (M, N) in their dtype (a view of C^T).
+    Raises ValueError, before any work, for an operand that is not 2-D or shapes
+    that do not chain.
     """
+    for name, x in (("a", a), ("b", b)):
+        if x.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, got shape {x.shape}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape}")
     ct = b.T @ a.T  # what cuBLAS computes on the raw buffers
     return ct.T  # the same bytes, read row-major
 

@@ -12,7 +12,7 @@ deep learning frameworks. cuDNN timings need a GPU and CUDA torch.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
-from common.checking import check, poisoned, random_array
+from common.checking import check, poisoned, random_array, require_device_array
 from common.harness import run_script, save_results, script_parser
 from common.runtime import is_simulator
 from common.timing import benchmark, format_table
@@ -26,7 +26,12 @@ from numba import cuda, float32
 
 
 def conv2d_reference(x, w):
-    """x: (N, C, H, W), w: (K, C, R, S) -> (N, K, H-R+1, W-S+1) float64, by loops over R, S."""
+    """x: (N, C, H, W), w: (K, C, R, S) -> (N, K, H-R+1, W-S+1) float64, by loops over R, S.
+
+    Raises ValueError for an operand that is not 4-D or channel counts that differ.
+    """
+    if x.ndim != 4 or w.ndim != 4 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"need NCHW x and KCRS w with the same C, got {x.shape}, {w.shape}")
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     out = np.zeros((n, k, h - r + 1, wd - s + 1))
@@ -57,9 +62,20 @@ def conv2d_direct(x, w, y):
 
 
 def conv2d_direct_launch(x, w, y, block=(16, 16)):
-    """x (N,C,H,W), w (K,C,R,S), y (N,K,H-R+1,W-S+1) float32 device arrays."""
-    if len(x.shape) != 4 or len(w.shape) != 4 or x.shape[1] != w.shape[1]:
-        raise ValueError(f"need NCHW x and KCRS w with the same C, got {x.shape}, {w.shape}")
+    """x (N,C,H,W), w (K,C,R,S), y (N,K,H-R+1,W-S+1) float32 device arrays.
+
+    Raises (before launching): TypeError for a host array or another dtype,
+    ValueError for an operand that is not 4-D or shapes that do not match.
+    """
+    for a, name in ((x, "x"), (w, "w"), (y, "y")):
+        require_device_array(a, name, 4, np.float32)
+    n, c, h, wd = x.shape
+    k, c_w, r, s = w.shape
+    if c_w != c or tuple(y.shape) != (n, k, h - r + 1, wd - s + 1):
+        raise ValueError(
+            f"need x (N, C, H, W), w (K, C, R, S), y (N, K, H-R+1, W-S+1); "
+            f"got x {x.shape}, w {w.shape}, y {y.shape}"
+        )
     grid = (ceil_div(y.shape[3], block[0]), ceil_div(y.shape[2], block[1]), y.shape[0] * y.shape[1])
     conv2d_direct[grid, block](x, w, y)
 

@@ -7,6 +7,7 @@ run `python -m pytest tests/test_ch07_libraries.py -q`.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, is_simulator
+from common.checking import require_device_array
 
 import numpy as np
 import torch
@@ -34,11 +35,17 @@ def matmul_torch_zero_copy(a, b, c):
     a: (M, K), b: (K, N), c: (M, N) float32 Numba device arrays. Wrap each
     with :func:`as_torch` and call ``torch.matmul(ta, tb, out=tc)`` so cuBLAS
     writes straight into c's memory. TF32 must be off (FP32 accuracy).
-    Raises TypeError for a non-float32 operand, ValueError for bad shapes.
+
+    Raises (before any work):
+        TypeError: an operand that is not a float32 device array (a host NumPy
+            array, a float64 one).
+        ValueError: an operand that is not 2-D, or shapes that do not chain
+            (a (M, K) @ b (K, N) -> c (M, N)).
     """
-    for name, x in (("a", a), ("b", b), ("c", c)):
-        if np.dtype(x.dtype) != np.float32 or len(x.shape) != 2:
-            raise TypeError(f"{name} must be a 2-D float32 device array, got {x.shape} {x.dtype}")
+    for name, x, dims in (("a", a, "(M, K)"), ("b", b, "(K, N)"), ("c", c, "(M, N)")):
+        require_device_array(x, name, dtype=np.float32)
+        if len(x.shape) != 2:
+            raise ValueError(f"{name} must be 2-D {dims}, got shape {tuple(x.shape)}")
     if a.shape[1] != b.shape[0] or c.shape != (a.shape[0], b.shape[1]):
         raise ValueError(f"shapes do not chain: a {a.shape} @ b {b.shape} -> c {c.shape}")
     raise NotImplementedError("Exercise 7.1: wrap a, b, c with as_torch and call torch.matmul")
@@ -56,10 +63,16 @@ def fft_convolve_1d(x, h):
     float32 tensor y[i] = sum_j x[j] h[i - j] (same as np.convolve(x, h)).
     Method (convolution theorem): zero-pad both to L = n + m - 1 (torch.fft.rfft's
     n=L argument does it), multiply the spectra, inverse with irfft(n=L).
-    Raises ValueError for an empty or non-1-D input.
+
+    Raises (before any work):
+        TypeError: x or h is not float32 (a float64 input would give a float64 result).
+        ValueError: x or h is not 1-D, or is empty.
     """
-    if x.ndim != 1 or h.ndim != 1 or x.numel() == 0 or h.numel() == 0:
-        raise ValueError("x and h must be non-empty 1-D tensors")
+    for name, t in (("x", x), ("h", h)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}; convert with {name}.float()")
+        if t.ndim != 1 or t.numel() == 0:
+            raise ValueError(f"{name} must be a non-empty 1-D tensor, got shape {tuple(t.shape)}")
     raise NotImplementedError("Exercise 7.2: rfft both (padded), multiply, irfft")
     length = x.numel() + h.numel() - 1
     spectrum = None  # TODO: product of the two padded spectra

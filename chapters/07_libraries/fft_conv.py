@@ -12,7 +12,7 @@ in the simulator only the checks run.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, import_sibling, pick
-from common.checking import check, random_array
+from common.checking import check, random_array, require_device_array
 from common.harness import run_script, save_results, script_parser
 from common.runtime import is_simulator
 from common.timing import benchmark, format_table
@@ -27,7 +27,13 @@ sol = import_sibling(__file__, "solutions")
 
 
 def dft_by_hand(x):
-    """The definition: (N,) real or complex -> (N,) complex128 spectrum."""
+    """The definition: (N,) real or complex -> (N,) complex128 spectrum.
+
+    Raises ValueError for an input that is not 1-D or is empty.
+    """
+    x = np.asarray(x)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError(f"x must be a non-empty 1-D array, got shape {x.shape}")
     n = len(x)
     k = np.arange(n)
     return np.exp(-2j * np.pi * np.outer(k, k) / n) @ np.asarray(x, dtype=np.complex128)
@@ -46,6 +52,17 @@ def conv1d_direct(x, h, y):
 
 
 def conv1d_direct_launch(x, h, y, block=256):
+    """y (n + m - 1,) = full convolution of x (n,) with h (m,): float32 device arrays.
+
+    Raises (before launching): TypeError for a host array or another dtype,
+    ValueError for an operand that is not 1-D or a y of the wrong length.
+    """
+    for a, name in ((x, "x"), (h, "h"), (y, "y")):
+        require_device_array(a, name, 1, np.float32)
+    if y.size != x.size + h.size - 1:
+        raise ValueError(
+            f"y must have x.size + h.size - 1 = {x.size + h.size - 1} elements, got {y.size}"
+        )
     conv1d_direct[ceil_div(y.size, block), block](x, h, y)
 
 
