@@ -702,7 +702,7 @@ def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | N
 
 
 def _skipped_barrier(
-    kernel: Any,
+    structure: tuple[frozenset[int], list[tuple[int, int]]] | None,
     history: dict[tuple[int, ...], list[_BarrierSite]],
     exits: dict[tuple[int, ...], int | None],
     points: list[tuple[int, ...]],
@@ -710,13 +710,14 @@ def _skipped_barrier(
     """The first thread (in thread order) that went past a barrier other threads of
     its block waited at, without returning first; None when there is none.
 
+    structure: the kernel's ``return`` lines and loop spans (:func:`_kernel_returns`);
+    exits: the line each thread's kernel frame returned from, where traced.
     A thread may leave early by returning (``if i >= n: return`` before the
     barrier): on a GPU a thread that has exited no longer counts. Anything else
     that ends a thread with fewer barriers than its block's other threads means it
     stepped over one: a barrier inside a branch or in a loop it ran fewer times.
     """
     longest = max((history.get(p, []) for p in points), key=len)
-    structure = _kernel_returns(kernel.__code__)
     if not longest or structure is None:  # no source: an early return cannot be told
         return None
     returns, loops = structure
@@ -821,7 +822,7 @@ def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any
     if failures:
         _, exc, tb = min(failures, key=lambda f: f[0])
         raise exc.with_traceback(tb)
-    problem = _skipped_barrier(kernel, barrier.history, exits if trace_exits else {}, points)
+    problem = _skipped_barrier(structure, barrier.history, exits, points)
     if problem:
         raise BarrierError(f"in kernel {name}, block {block}: {problem}; {_BARRIER_HINT}")
     racecheck.on_block_end()
