@@ -121,7 +121,7 @@ def pick(gpu: T, simulator: T) -> T:
     """Return ``gpu`` on a real GPU and ``simulator`` in the simulator.
 
     Used to size problems: ``n = pick(gpu=1 << 26, simulator=1000)``. The
-    simulator runs one Python thread per CUDA thread, so a problem that takes a
+    simulator runs every CUDA thread as Python code, so a problem that takes a
     millisecond on a GPU can take hours there.
     """
     return simulator if is_simulator() else gpu

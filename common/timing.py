@@ -19,8 +19,8 @@ each output written once) and ``flops``. They are compared with the device's
 measured peaks (:func:`device_peaks`): a large device-to-device copy for
 bandwidth, cuBLAS FP32 SGEMM (through torch, TF32 off) for arithmetic.
 
-Under the simulator nothing is timed: the simulator runs one Python thread per
-CUDA thread, so its "timings" say nothing about a GPU. The harness still runs
+Under the simulator nothing is timed: the simulator runs every CUDA thread as
+Python code, so its "timings" say nothing about a GPU. The harness still runs
 the function once, so the code path is exercised, and a script shows instead
 the figures its chapter README holds from a GPU run (:func:`readme_figures`).
 """

@@ -199,7 +199,7 @@ GPU_IGEMM_TILES = IgemmTiles(128, 64, 8, 8, 18, min_blocks=3)
 GPU_IGEMM_TILES_NARROW = IgemmTiles(128, 32, 8, 4, 18, min_blocks=4)
 GPU_IGEMM_TILES_SMALL_M = IgemmTiles(64, 64, 8, 4, 18)
 GPU_IGEMM_TILES_SMALL_M_NARROW = IgemmTiles(64, 32, 4, 4, 18, min_blocks=4)
-# Simulator: a Python thread per CUDA thread, so 8-thread blocks; K-tiles of 6
+# Simulator: every CUDA thread runs as Python code, so 8-thread blocks; K-tiles of 6
 # also exercise partial kernel-row blocks (3 x 3 kernel rows in blocks of 2).
 SIM_IGEMM_TILES = IgemmTiles(8, 4, 2, 2, 6)
 IGEMM_TILES = pick(gpu=GPU_IGEMM_TILES, simulator=SIM_IGEMM_TILES)

@@ -447,8 +447,8 @@ def bn_relu_maxpool_backward_dx(
 # Split-K GEMM for the linear layers
 # ---------------------------------------------------------------------------
 
-# GPU: 64x64 tiles, 256 threads of 4x4. The simulator runs one Python thread per
-# CUDA thread, so its tiles are 16x16 with 2x2 a thread (64 threads); the tests
+# GPU: 64x64 tiles, 256 threads of 4x4. The simulator runs every CUDA thread as
+# Python code, so its tiles are 16x16 with 2x2 a thread (64 threads); the tests
 # also build the GPU shape with make_gemm_splitk.
 GEMM_BM = pick(gpu=64, simulator=16)  # rows of C a block computes
 GEMM_BN = pick(gpu=64, simulator=16)  # columns of C a block computes

@@ -474,9 +474,8 @@ def check_bank_conflict_ways(fn):
 
 
 # Blocks up to 1024 threads, the most the docstring allows: a kernel with a tile of a
-# fixed 128 floats fails at 256 and 1024. One block of 1024 only: the simulator runs a
-# block's threads as OS threads once the kernel has a barrier, and this is the file's
-# slowest launch.
+# fixed 128 floats fails at 256 and 1024. One block of 1024 only: the simulator runs
+# every thread as Python code, and this is the file's slowest launch.
 BLOCK_SUMS_LAUNCHES = [
     (1, 32),
     (100, 32),

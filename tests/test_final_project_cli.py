@@ -14,6 +14,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
 # isort: on
 from common.checking import CheckError
+from common.internal import racecheck
 from common.runtime import is_simulator
 
 import json
@@ -196,9 +197,10 @@ def test_loss_falls_on_the_shipped_real_digits():
     model = NumbaCNN(TINY_CONFIG, max_batch=8, seed=0)
     x_dev, y_dev = cuda.to_device(x), cuda.to_device(y)
     losses = []
-    for _ in range(5):
-        model.train_step(x_dev, y_dev, lr=0.2)
-        losses.append(float(model.loss.copy_to_host()[0]))
+    with racecheck.first_launch_of_each_kernel():  # about learning, as in the training loop
+        for _ in range(5):
+            model.train_step(x_dev, y_dev, lr=0.2)
+            losses.append(float(model.loss.copy_to_host()[0]))
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.8 * losses[0], losses
 

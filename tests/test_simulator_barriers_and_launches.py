@@ -6,13 +6,17 @@
   ... cuda.syncthreads()``) passed there, while on a GPU it is undefined
   behaviour (compute-sanitizer's synccheck reports it). The course's simulator
   reports it on every run, naming the kernel, the barrier's line and a thread
-  that skipped it; an early ``return`` before the barrier stays legal.
+  that skipped it; an early ``return`` before the barrier stays legal. Both of
+  its block runners are held to this: threads taking turns between barriers
+  (kernels rewritten as generators, the usual one) and one OS thread per CUDA
+  thread (kernels whose source cannot be read).
 * A launch configuration Numba refuses is refused in Numba's words (a learner
   searches for them), followed by the course's hint; an empty ``forall`` runs
   nothing, as in Numba.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.internal import simulator
 from common.internal.simulator import BarrierError, LaunchConfigError
 from common.runtime import is_simulator
 
@@ -136,18 +140,39 @@ def barrier_in_a_device_function(x, out):
 
 
 @cuda.jit
-def count_in_block(x, out):
+def votes_in_block(x, counts, alls, anys):
     t = cuda.threadIdx.x
-    out[t] = cuda.syncthreads_count(x[t] > 0)
+    counts[t] = cuda.syncthreads_count(x[t] > 0)
+    alls[t] = cuda.syncthreads_and(x[t] > -1.5)
+    anys[t] = cuda.syncthreads_or(x[t] > 1.5)
+
+
+@cuda.jit
+def fails_after_a_barrier(x, out):
+    s = cuda.shared.array(SHARED, float32)
+    t = cuda.threadIdx.x
+    s[t] = x[t]
+    cuda.syncthreads()
+    out[t] = s[t] + x[t + 3]  # threads t >= len(x) - 3 read past x's end
 
 
 def _input(n, rng):
     return rng.standard_normal(n).astype(np.float32)
 
 
+@pytest.fixture(params=["turns", "threads"])
+def runner(request, monkeypatch):
+    """Each block runner of the simulator: "turns" (the kernel as a generator, all
+    threads in one OS thread) and "threads" (one OS thread per CUDA thread, for
+    kernels whose source cannot be read)."""
+    if request.param == "threads":
+        monkeypatch.setattr(simulator, "_turns_version", lambda fn, kernel: None)
+    return request.param
+
+
 @sim_only
 @pytest.mark.parametrize("threads", [2, 8, 33, 64])
-def test_barrier_inside_a_branch_is_reported_every_run(threads, rng):
+def test_barrier_inside_a_branch_is_reported_every_run(threads, rng, runner):
     x = _input(threads, rng)
     for _ in range(3):  # every run, not by luck of the thread schedule
         with pytest.raises(BarrierError) as err:
@@ -162,7 +187,7 @@ def test_barrier_inside_a_branch_is_reported_every_run(threads, rng):
 
 
 @sim_only
-def test_two_barriers_in_two_branches_are_reported(rng):
+def test_two_barriers_in_two_branches_are_reported(rng, runner):
     x = _input(8, rng)
     with pytest.raises(BarrierError, match=r"wait at different barriers \(.*:\d+ and .*:\d+\)"):
         barrier_in_each_branch[1, 8](x, np.full(8, np.nan, np.float32))
@@ -172,14 +197,14 @@ def test_two_barriers_in_two_branches_are_reported(rng):
 @pytest.mark.parametrize(
     "kernel", [guarded_barrier, return_after_the_barrier], ids=lambda k: k.__name__
 )
-def test_padding_threads_that_skip_a_barrier_are_reported(kernel, rng):
+def test_padding_threads_that_skip_a_barrier_are_reported(kernel, rng, runner):
     x = _input(5, rng)
     with pytest.raises(BarrierError, match=r"thread \(5,0,0\) never reached the barrier"):
         kernel[1, 8](x, np.full(8, np.nan, np.float32))
 
 
 @sim_only
-def test_a_course_kernel_with_its_barrier_moved_into_the_branch_fails(rng):
+def test_a_course_kernel_with_its_barrier_moved_into_the_branch_fails(rng, runner):
     """Chapter 06's interleaved tree with the barrier indented into the `if`: the
     sums still come out right in the simulator, and the race detector sees no race
     (each step's reader passed the barrier after the writer), so only the barrier
@@ -201,7 +226,7 @@ def test_a_course_kernel_with_its_barrier_moved_into_the_branch_fails(rng):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8, 64])
-def test_correct_barriers_pass(threads, rng):
+def test_correct_barriers_pass(threads, rng, runner):
     x = _input(threads, rng)
     out = np.full(1, np.nan, np.float32)
     tree_sum[1, threads](x, out)
@@ -211,12 +236,54 @@ def test_correct_barriers_pass(threads, rng):
     barrier_in_a_device_function[1, threads](x, out)
     np.testing.assert_array_equal(out, x[::-1])
 
-    counts = np.full(threads, -1, np.int32)
-    count_in_block[1, threads](x, counts)
+    counts, alls, anys = (np.full(threads, -1, np.int32) for _ in range(3))
+    x[0] = 2.0  # one vote each way for syncthreads_or and syncthreads_and, whatever the draw
+    votes_in_block[1, threads](x, counts, alls, anys)
     assert (counts == np.count_nonzero(x > 0)).all()
+    assert (anys == 1).all() and (alls == int((x > -1.5).all())).all()
+    x[-1] = -2.0
+    votes_in_block[1, threads](x, counts, alls, anys)
+    assert (alls == 0).all() and (anys == int((x > 1.5).any())).all()
 
 
-def test_an_early_return_before_the_barrier_is_legal(rng):
+@sim_only
+def test_an_error_names_a_failing_thread(rng, runner):
+    # Threads 5, 6 and 7 read past x; taking turns, the first of them fails first.
+    x = _input(8, rng)
+    who = "5" if runner == "turns" else "[567]"
+    with pytest.raises(IndexError, match=rf"tid=\[{who}, 0, 0\] ctaid=\[0, 0, 0\]: index"):
+        fails_after_a_barrier[1, 8](x, np.full(8, np.nan, np.float32))
+
+
+@sim_only
+def test_course_kernels_take_turns():
+    """The fast runner is the one the course's kernels get (a fallback to threads
+    would pass every test above, only slower)."""
+    for kernel in (tree_sum, barrier_in_a_device_function, votes_in_block):
+        assert simulator._turns_version(kernel.py_func, kernel=True) is not None, kernel
+    assert simulator._turns_version(reduction.reduce_sum_tree_interleaved.py_func, kernel=True)
+
+
+@sim_only
+def test_a_kernel_without_source_runs_on_threads_and_is_checked(rng):
+    source = (
+        "def sourceless(x, out):\n"
+        "    t = cuda.threadIdx.x\n"
+        "    if t % 2 == 0:\n"
+        "        cuda.syncthreads()\n"
+        "    else:\n"
+        "        cuda.syncthreads()\n"
+        "    out[t] = x[t]\n"
+    )
+    scope = {"cuda": cuda}
+    exec(compile(source, "<no file>", "exec"), scope)  # no linecache entry: no source
+    kernel = cuda.jit(scope["sourceless"])
+    assert simulator._turns_version(kernel.py_func, kernel=True) is None
+    with pytest.raises(BarrierError, match="wait at different barriers"):
+        kernel[1, 8](_input(8, rng), np.full(8, np.nan, np.float32))
+
+
+def test_an_early_return_before_the_barrier_is_legal(rng, runner):
     x = _input(5, rng)
     out = np.full(8, np.nan, np.float32)
     early_return[1, 8](x, out)
@@ -224,7 +291,7 @@ def test_an_early_return_before_the_barrier_is_legal(rng):
     assert np.isnan(out[5:]).all()
 
 
-def test_a_return_between_two_rounds_of_a_loop_is_legal(rng):
+def test_a_return_between_two_rounds_of_a_loop_is_legal(rng, runner):
     # Threads t >= 5 return between round 1's two barriers: they exit before the
     # second one, which the others then pass without them, as on a GPU.
     x = _input(5, rng)

@@ -15,15 +15,18 @@ pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
 * every launch goes through the race detector (:mod:`.racecheck`);
 * barriers as a GPU needs them: every thread of a block that has not returned
   reaches the same ``cuda.syncthreads()`` (:class:`BarrierError`, from the
-  block runner below; under :func:`interleaved_threads` the simulator's own
+  block runners below; under :func:`interleaved_threads` the simulator's own
   runner is used and this is not checked);
 * launch configurations judged by Numba's own ``normalize_kernel_dimensions``
   first, so a bad one fails in Numba's words, then the course's hint; an empty
   ``forall`` launches nothing, as in Numba;
 * speed: a block whose kernel has no barrier runs its threads one after another
-  in one Python thread; a block with barriers meets at a condition variable
-  instead of the simulator's busy loop; :func:`interleaved_threads` switches
-  threads every microsecond where a demo wants the old behaviour.
+  in one Python thread; a block with barriers runs them in turns in one Python
+  thread too, the kernel rewritten as a generator that yields at each barrier
+  (:func:`_run_in_turns`), or, where its source cannot be read, on one thread
+  per CUDA thread meeting at a condition variable instead of the simulator's
+  busy loop; :func:`interleaved_threads` switches threads every microsecond
+  where a demo wants the old behaviour.
 """
 
 from __future__ import annotations
@@ -507,6 +510,9 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
         if _interleave_depth:
             return threaded_run(self, grid_point, *args)
         if not _barrier_free(self._f):
+            turns = _turns_version(self._f, kernel=True)
+            if turns is not None:
+                return _run_in_turns(self, turns, grid_point, args)
             return _run_with_barriers(self, sim_kernel, grid_point, args)
         racecheck.on_block_start()
         block_dim = self._block_dim
@@ -832,4 +838,368 @@ def _no_barrier(*_: Any) -> None:
     raise RuntimeError(
         "internal error: a kernel judged barrier-free reached a barrier; "
         "set COURSE_RACECHECK=0 and report it"
+    )
+
+
+# --------------------------------------------------------------------------
+# Simulator speed: a block with barriers runs its threads in turns
+# --------------------------------------------------------------------------
+
+# The barriers a kernel may reach, as the transformed code hands them to the runner.
+_PRIMITIVES = {
+    "syncthreads": "sync",
+    "syncthreads_count": "count",
+    "syncthreads_and": "and",
+    "syncthreads_or": "or",
+}
+# Names the turns runner does not handle: such kernels keep one OS thread per CUDA thread.
+_THREADS_ONLY = _BARRIER_NAMES - set(_PRIMITIVES)
+_DEVICE = "__course_device__"
+_turn_versions: dict[Any, Any] = {}
+
+
+class _CannotTakeTurns(Exception):
+    """The kernel's source cannot be turned into a generator (no source, a barrier
+    where ``yield`` is not allowed, a callee that cannot be resolved): its blocks
+    run on threads instead."""
+
+
+def _turns_version(fn: Any, kernel: bool) -> Any:
+    """``fn`` (a kernel's or a device function's Python function) rewritten as a
+    generator that yields at each barrier (:class:`_YieldAtBarriers`), or None
+    when it cannot be (cached)."""
+    key = (fn, kernel)
+    if key not in _turn_versions:
+        _turn_versions[key] = None  # a device function that calls itself: threads
+        try:
+            _turn_versions[key] = _make_turns_version(fn, kernel)
+        except _CannotTakeTurns:
+            pass
+    return _turn_versions[key]
+
+
+def _resolve(node: Any, fn: Any) -> Any:
+    """The object a callee expression (a name or a dotted name) stands for in ``fn``,
+    or raise _CannotTakeTurns."""
+    import ast
+    import builtins
+
+    if isinstance(node, ast.Name):
+        code = fn.__code__
+        if node.id in code.co_freevars:
+            cell = fn.__closure__[code.co_freevars.index(node.id)]
+            if _filled(cell):
+                return cell.cell_contents
+        elif node.id in fn.__globals__:
+            return fn.__globals__[node.id]
+        elif hasattr(builtins, node.id):
+            return getattr(builtins, node.id)
+        raise _CannotTakeTurns(node.id)
+    if isinstance(node, ast.Attribute):
+        owner = _resolve(node.value, fn)
+        if hasattr(owner, node.attr):
+            return getattr(owner, node.attr)
+    raise _CannotTakeTurns(type(node).__name__)
+
+
+def _callee_kind(node: Any, fn: Any) -> str | None:
+    """What calling ``node`` does with barriers: a primitive's kind ("sync",
+    "count", ...), "device" (a device function that reaches one), or None."""
+    import ast
+
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+    if name in _PRIMITIVES:
+        return _PRIMITIVES[name]
+    if name in _THREADS_ONLY:
+        raise _CannotTakeTurns(name)
+    if not isinstance(node, (ast.Name, ast.Attribute)):
+        return None
+    try:
+        target = _resolve(node, fn)
+    except _CannotTakeTurns:
+        return None  # a local, a method: not something _uses_barrier follows either
+    inner = getattr(target, "py_func", None)
+    if inner is None or getattr(inner, "__code__", None) is None or not _uses_barrier(inner):
+        return None
+    if _turns_version(inner, kernel=False) is None:
+        raise _CannotTakeTurns(name)
+    return "device"
+
+
+def _make_turns_version(fn: Any, kernel: bool) -> Any:
+    """See :func:`_turns_version`; raises _CannotTakeTurns."""
+    import ast
+    import copy
+    import inspect
+    import types
+
+    code = getattr(fn, "__code__", None)
+    tree = _parse(code.co_filename) if code is not None else None
+    if tree is None:
+        raise _CannotTakeTurns("no source")
+    node = next(
+        (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef)
+            and n.name == code.co_name
+            and (n.decorator_list[0].lineno if n.decorator_list else n.lineno)
+            == code.co_firstlineno
+        ),
+        None,
+    )
+    if node is None:
+        raise _CannotTakeTurns("no definition")
+    plain = copy.deepcopy(node)
+    plain.decorator_list = []
+    # The source read now must be the one the function was compiled from (a file
+    # edited since would put the wrong lines into the generator). Not co_code:
+    # CPython 3.11 compiles `cuda.f()` differently when `cuda` is imported at
+    # module level, as it is in the kernel's file and is not here.
+    if _fingerprint(_compile_in_closure(plain, code, fn)) != _fingerprint(code):
+        raise _CannotTakeTurns("source changed")
+    changed = _YieldAtBarriers(fn, kernel).visit(copy.deepcopy(plain))
+    gen_code = _compile_in_closure(changed, code, fn, extra=(_DEVICE,))
+    if not gen_code.co_flags & inspect.CO_GENERATOR:  # no barrier found in the source
+        raise _CannotTakeTurns("no barrier in the source")
+    cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
+    cells[_DEVICE] = types.CellType(_device_turns)
+    gen = types.FunctionType(
+        gen_code,
+        fn.__globals__,
+        code.co_name,
+        fn.__defaults__,
+        tuple(cells[name] for name in gen_code.co_freevars),
+    )
+    gen.__kwdefaults__ = fn.__kwdefaults__
+    return gen
+
+
+def _fingerprint(code: Any) -> tuple[Any, ...]:
+    """What a function's code must share with a recompilation of its source."""
+    consts = tuple(c for c in code.co_consts if not hasattr(c, "co_code"))
+    # the body's lines (the first line is the decorator's, if any)
+    lines = sorted({line for *_, line in code.co_lines() if (line or 0) > code.co_firstlineno})
+    return code.co_varnames, code.co_freevars, sorted(set(code.co_names)), consts, lines
+
+
+def _compile_in_closure(node: Any, code: Any, fn: Any, extra: tuple[str, ...] = ()) -> Any:
+    """Compile the function definition ``node`` where ``code``'s free variables
+    (and ``extra``) are free too, at its own file and lines; its code object."""
+    import ast
+
+    outer = ast.FunctionDef(
+        name="__course_outer__",
+        args=ast.arguments(
+            posonlyargs=[],
+            args=[ast.arg(arg=v) for v in (*code.co_freevars, *extra)],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=[],
+        ),
+        body=[node, ast.Return(value=ast.Name(id=node.name, ctx=ast.Load()))],
+        decorator_list=[],
+    )
+    for made in (outer, outer.body[1], outer.body[1].value):
+        ast.copy_location(made, node)  # on the definition's lines, like the rest
+    module = ast.fix_missing_locations(ast.Module(body=[outer], type_ignores=[]))
+    import __future__
+
+    future = code.co_flags & __future__.annotations.compiler_flag
+    compiled = compile(module, code.co_filename, "exec", flags=future, dont_inherit=True)
+    outer_code = next(c for c in compiled.co_consts if hasattr(c, "co_code"))
+    return next(c for c in outer_code.co_consts if getattr(c, "co_name", None) == node.name)
+
+
+class _YieldAtBarriers:
+    """Rewrites a function's barrier calls as ``yield``: ``cuda.syncthreads()``
+    becomes ``(yield ("sync", None))``, ``cuda.syncthreads_count(p)`` becomes
+    ``(yield ("count", p))``, and a call of a device function that reaches a
+    barrier becomes ``(yield from __course_device__(f)(...))``. In a kernel,
+    ``return`` becomes ``return <its line>``, so the runner knows where each
+    thread left (see :func:`_skipped_barrier`)."""
+
+    def __init__(self, fn: Any, is_kernel: bool) -> None:
+        self.fn = fn
+        self.is_kernel = is_kernel
+
+    def visit(self, node: Any) -> Any:
+        import ast
+
+        fn, is_kernel = self.fn, self.is_kernel
+
+        def refuse_barriers_in(nested: Any) -> Any:
+            # `yield` is not allowed there, or would make that scope the generator
+            for call in (n for n in ast.walk(nested) if isinstance(n, ast.Call)):
+                if _callee_kind(call.func, fn) is not None:
+                    raise _CannotTakeTurns("a barrier in a nested scope")
+            return nested
+
+        class Transformer(ast.NodeTransformer):
+            def visit_Call(self, call: Any) -> Any:
+                self.generic_visit(call)
+                kind = _callee_kind(call.func, fn)
+                if kind is None:
+                    return call
+                if kind == "device":
+                    device = ast.Call(
+                        func=ast.Name(id=_DEVICE, ctx=ast.Load()), args=[call.func], keywords=[]
+                    )
+                    new = ast.YieldFrom(
+                        value=ast.Call(func=device, args=call.args, keywords=call.keywords)
+                    )
+                else:
+                    if call.keywords or len(call.args) > 1:
+                        raise _CannotTakeTurns(kind)
+                    value = call.args[0] if call.args else ast.Constant(value=None)
+                    new = ast.Yield(
+                        value=ast.Tuple(elts=[ast.Constant(value=kind), value], ctx=ast.Load())
+                    )
+                return ast.copy_location(new, call)
+
+            def visit_Return(self, ret: Any) -> Any:
+                self.generic_visit(ret)
+                if is_kernel and ret.value is None:
+                    ret.value = ast.copy_location(ast.Constant(value=ret.lineno), ret)
+                return ret
+
+            def visit_FunctionDef(self, nested: Any) -> Any:
+                return refuse_barriers_in(nested)
+
+            visit_AsyncFunctionDef = visit_ClassDef = visit_Lambda = visit_FunctionDef
+            visit_ListComp = visit_SetComp = visit_DictComp = visit_FunctionDef
+            visit_GeneratorExp = visit_FunctionDef
+
+        transformer = Transformer()
+        node.body = [transformer.visit(stmt) for stmt in node.body]
+        return node
+
+
+def _device_turns(device_function: Any) -> Any:
+    """What a rewritten call of a device function that reaches a barrier calls:
+    its generator version, run with the fake ``cuda`` module in its globals, as
+    the simulator's own call does. Named ``call`` so that
+    :func:`_device_function_caller` sees a device-function call."""
+    from numba.cuda.simulator import kernel as sim_kernel
+    from numba.cuda.simulator.kernelapi import _swap_refcount, swapped_cuda_module
+
+    fn = device_function.py_func
+    gen = _turns_version(fn, kernel=False)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _swap_refcount.get(id(fn.__globals__)):
+            return (yield from gen(*args, **kwargs))
+        with swapped_cuda_module(fn, sim_kernel._get_kernel_context()):
+            return (yield from gen(*args, **kwargs))
+
+    return call
+
+
+def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
+    """Run one block of a kernel that meets at barriers, in one OS thread: each
+    CUDA thread is a generator (:func:`_turns_version`) that runs until its next
+    barrier or its end; when every thread still running waits at a barrier, it is
+    released and the threads take their turns again, in thread order.
+
+    Threads only ever switch at barriers, so a run is the same every time; the
+    race detector judges accesses, not timing, and sees the same barriers as on
+    threads. Checks as :func:`_run_with_barriers`: threads released together
+    must wait at one barrier, and none may skip one (:class:`BarrierError`)."""
+    __tracebackhide__ = True
+    import numpy as np
+    from numba.cuda.simulator.kernelapi import Dim3
+
+    from . import racecheck
+
+    racecheck.on_block_start()
+    block_dim = manager._block_dim
+    kernel = manager._f
+    points = list(np.ndindex(*block_dim))
+    history: dict[tuple[int, ...], list[_BarrierSite]] = {}
+    exits: dict[tuple[int, ...], int | None] = {}
+    failure: list[Any] = []
+    problem: list[str] = []
+    name = getattr(kernel, "__qualname__", kernel.__name__)
+    block = _tid(tuple(grid_point))
+
+    def take_turns() -> None:
+        if manager._debug:  # as the simulator's own threads do for @cuda.jit(debug=True)
+            np.seterr(divide="raise")
+        t = threading.current_thread()
+        t.blockIdx = Dim3(*grid_point)
+        live = []  # [point, Dim3, thread id, generator, race state, value to send]
+        for point in points:
+            tid = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
+            live.append([point, Dim3(*point), tid, gen(*args), None, None])
+        released = False
+        while live:
+            waiting, arrived = [], {}
+            for thread in live:
+                point, t.threadIdx, t.thread_id, g, t._race_state, value = thread
+                try:
+                    if released:
+                        racecheck.on_barrier_leave()
+                    request = g.send(value)
+                except StopIteration as stop:
+                    exits[point] = stop.value
+                    continue
+                except Exception as e:  # noqa: BLE001  (re-raised below, as the simulator does)
+                    msg = f"tid={list(point)} ctaid={list(grid_point)}" + (
+                        f": {e}" if str(e) else ""
+                    )
+                    failure.append((type(e)(msg), sys.exc_info()[2]))
+                    return
+                racecheck.on_barrier_arrive()
+                thread[4] = t._race_state
+                thread[5] = request
+                site = _turn_site(g)
+                arrived[point] = site
+                history.setdefault(point, []).append(site)
+                waiting.append(thread)
+            if waiting:
+                found = _divergent_barrier(arrived)
+                if found:
+                    problem.append(found)
+                    return
+                kind = waiting[0][5][0]
+                votes = [bool(thread[5][1]) for thread in waiting]
+                result = {
+                    "sync": None,
+                    "count": sum(votes),
+                    "and": int(all(votes)),
+                    "or": int(any(votes)),
+                }[kind]
+                for thread in waiting:
+                    thread[5] = result
+            live, released = waiting, True
+
+    worker = threading.Thread(target=take_turns, daemon=True)
+    worker.syncthreads = _unseen_barrier  # type: ignore[attr-defined]
+    worker.start()
+    worker.join()
+    if problem:
+        raise BarrierError(f"in kernel {name}, block {block}: {problem[0]}; {_BARRIER_HINT}")
+    if failure:
+        raise failure[0][0].with_traceback(failure[0][1])
+    structure = _kernel_returns(kernel.__code__)
+    skipped = _skipped_barrier(structure, history, exits, points)
+    if skipped:
+        raise BarrierError(f"in kernel {name}, block {block}: {skipped}; {_BARRIER_HINT}")
+    racecheck.on_block_end()
+
+
+def _turn_site(outer: Any) -> _BarrierSite:
+    """Where the generator ``outer`` (a kernel) waits: the innermost frame of its
+    ``yield from`` chain outside this file, and the kernel's own line."""
+    inner = outer
+    while inner.gi_yieldfrom is not None:  # the one that yielded is never a wrapper
+        inner = inner.gi_yieldfrom
+    frame = inner.gi_frame
+    return _BarrierSite((frame.f_code.co_filename, frame.f_lineno, outer.gi_frame.f_lineno))
+
+
+def _unseen_barrier(*_: Any) -> None:
+    raise RuntimeError(
+        "internal error: a kernel reached a barrier through a call the simulator could "
+        "not follow in its source; set COURSE_RACECHECK=0 and report it"
     )
