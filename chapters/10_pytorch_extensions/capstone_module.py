@@ -60,9 +60,13 @@ bridge = import_sibling(__file__, "bridge")
 # 30 steps at lr 0.05 (there the loss jumps up and down and rounding decides
 # which way). Hence lr 0.01 on the GPU, and a curve tolerance of about seven
 # times the measured drift; the tiny network over 3 steps drifts by 1e-7.
-# Each run prints its own float32-vs-float64 drift next to the verdict.
+# Each run prints its own float32-vs-float64 drift next to the verdict, and the
+# curve tolerance grows to DRIFT_FACTOR times that drift where a draw amplifies
+# rounding more: a tiny-network draw (seed 161) drifts by 4.8e-4 in 3 steps, so
+# two float32 runs of it differ by more than 1e-4 with no error in either.
 FIRST_STEP_TOLERANCE = 1e-5
 TOLERANCE = pick(gpu=2e-2, simulator=1e-4)
+DRIFT_FACTOR = 10
 DEFAULT_STEPS = pick(gpu=100, simulator=3)
 DEFAULT_BATCH = pick(gpu=64, simulator=TINY.batch_size)
 RUN_LR = pick(gpu=0.01, simulator=TINY.lr)
@@ -351,6 +355,19 @@ class Curves:
         """How far float32 rounding alone moves the twin: float32 vs float64."""
         return self.max_rel(self.twin32, self.twin64)
 
+    @property
+    def tolerance(self) -> float:
+        """How far ours may stray from the float32 twin in this run: TOLERANCE, or
+        DRIFT_FACTOR times the run's own float32 drift where that is larger (ours
+        and the twin each carry a float32 rounding that training amplifies). The
+        drift comes from torch's two twins alone: a wrong kernel of ours cannot
+        widen it."""
+        return max(TOLERANCE, DRIFT_FACTOR * self.float32_drift)
+
+    @property
+    def passed(self) -> bool:
+        return self.first_step <= FIRST_STEP_TOLERANCE and self.ours_vs_twin <= self.tolerance
+
 
 def compare_with_twin(config: NetConfig, batches: Sequence, lr: float, seed: int = 0) -> Curves:
     """Train CapstoneNet (seed ``seed``) and its float32 and float64 twins from
@@ -396,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         f"first step: ours vs torch float32 {curves.first_step:.2e} "
         f"(tolerance {FIRST_STEP_TOLERANCE:.0e})\n"
         f"max relative difference: ours vs torch float32 {curves.ours_vs_twin:.2e} "
-        f"(tolerance {TOLERANCE:.0e}); float32 rounding alone (torch f32 vs f64) "
+        f"(tolerance {curves.tolerance:.0e}); float32 rounding alone (torch f32 vs f64) "
         f"{curves.float32_drift:.2e}"
     )
     save_results(
@@ -411,12 +428,13 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr,
         max_rel_ours_vs_f32=curves.ours_vs_twin,
         max_rel_f32_vs_f64=curves.float32_drift,
-        tolerance=TOLERANCE,
+        tolerance=curves.tolerance,
     )
-    if not (curves.first_step <= FIRST_STEP_TOLERANCE and curves.ours_vs_twin <= TOLERANCE):
+    if not curves.passed:
         print(
             f"FAILED: the loss curves differ by {curves.ours_vs_twin:.2e} (first step "
-            f"{curves.first_step:.2e}), more than {TOLERANCE:.0e} ({FIRST_STEP_TOLERANCE:.0e}) "
+            f"{curves.first_step:.2e}), more than {curves.tolerance:.0e} "
+            f"({FIRST_STEP_TOLERANCE:.0e}) "
             "(a gradient that reaches torch wrong, or a stream hand-off that lets torch "
             "read a buffer before FastCNN wrote it)"
         )
