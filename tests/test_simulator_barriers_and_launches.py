@@ -256,6 +256,34 @@ def test_an_error_names_a_failing_thread(rng, runner):
 
 
 @sim_only
+def test_a_failed_block_leaves_no_module_swapped(tmp_path, monkeypatch, rng, runner):
+    """A device function of another module runs with the simulator's fake `cuda`
+    in that module's globals; a block that fails while the other threads wait in
+    it must put the real one back (else host code of that module breaks later)."""
+    (tmp_path / "barrier_helpers.py").write_text(
+        "from numba import cuda\n"
+        "\n"
+        "\n"
+        "@cuda.jit(device=True)\n"
+        "def sync_then_read(x, i):\n"
+        "    cuda.syncthreads()\n"
+        "    return x[i]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    helpers = importlib.import_module("barrier_helpers")
+
+    @cuda.jit
+    def reads_past_the_end(x, out):
+        t = cuda.threadIdx.x
+        out[t] = helpers.sync_then_read(x, t + 3)
+
+    with pytest.raises(IndexError, match="out of bounds") as err:
+        reads_past_the_end[1, 8](_input(8, rng), np.full(8, np.nan, np.float32))
+    assert err.value.__traceback__ is not None  # still held, with its frames
+    assert helpers.cuda is cuda
+
+
+@sim_only
 def test_course_kernels_take_turns():
     """The fast runner is the one the course's kernels get (a fallback to threads
     would pass every test above, only slower)."""

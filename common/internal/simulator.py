@@ -1131,6 +1131,17 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
         for point in points:
             tid = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
             live.append([point, Dim3(*point), tid, gen(*args), None, None])
+        threads = list(live)
+        try:
+            run_turns(t, live)
+        finally:
+            # Threads left waiting when another failed: close them now, so that a
+            # device function's swap of the fake cuda module into its globals is
+            # undone now, not whenever the traceback that holds them is dropped.
+            for thread in threads:
+                thread[3].close()
+
+    def run_turns(t: Any, live: list[Any]) -> None:
         released = False
         while live:
             waiting, arrived = [], {}
