@@ -3,7 +3,7 @@ argument checks, PyTorch's own operator tests, and the scripts in the simulator.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import is_simulator
-from common.checking import CheckError, check
+from common.checking import CheckError
 from common.internal.exercises import load_chapter_module
 
 import math
@@ -32,21 +32,9 @@ def randn(rng, *shape):
 
 
 def check_step(name, op, composite, inputs, grad_out, tolerances):
-    """``op``'s output and gradients against ``composite``'s in float64 (torch
-    autograd), each within the tolerance ``tolerances(ref)`` derives from the
-    float64 results ``ref`` = (output, *gradients)."""
-    ref_inputs = [
-        t.detach().double().requires_grad_() if t.is_floating_point() else t for t in inputs
-    ]
-    ref_out, ref_grads = fused.step(composite, ref_inputs, grad_out.double())
-    out, grads = fused.step(op, inputs, grad_out)
-    ref = (ref_out, *ref_grads)
-    if not any(r.any() for r in ref):  # one class: loss and gradient are exactly 0
-        for k, got in enumerate((out, *grads)):
-            assert not got.any(), f"{name} {k}: expected exact zeros, got {got}"
-        return
-    for k, (got, want, tol) in enumerate(zip((out, *grads), ref, tolerances(ref))):
-        check(got, want, tol, name=f"{name} {'output' if k == 0 else f'gradient {k - 1}'}")
+    """The script's own check (fused_ops.check_against_float64): ``op``'s output
+    and gradients against ``composite``'s in float64, within ``tolerances(ref)``."""
+    fused.check_against_float64(name, op, composite, inputs, grad_out, tolerances)
 
 
 # (M, N): one element, fewer columns than a block, more columns than a block
@@ -222,7 +210,14 @@ def test_check_catches_a_wrong_gradient(rng):
 
     (x, b), dy = fused.bias_gelu_inputs(5, 11, generator(rng))
     with pytest.raises(CheckError, match="gradient"):
-        fused.check_against_float64("wrong", Wrong.apply, fused.bias_gelu_composite, (x, b), dy)
+        fused.check_against_float64(
+            "wrong",
+            Wrong.apply,
+            fused.bias_gelu_composite,
+            (x, b),
+            dy,
+            lambda ref: ops.bias_gelu_tolerances(x, b, dy, ref),
+        )
 
 
 def test_operator_checks_pass_and_catch_the_broken_copies(capsys):
