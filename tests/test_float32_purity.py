@@ -188,3 +188,18 @@ def test_nothing_is_checked_when_the_block_raises():
 def test_wrong_number_of_argument_types_is_refused():
     with pytest.raises(TypeError, match="takes 2 arguments"):
         float64_uses(bare_literal, (F32_1D,))
+
+
+def test_a_callee_defined_by_an_ir_expression_is_named_not_crashed_on():
+    # numba-cuda's ir.Expr raises KeyError (not AttributeError) for a field it lacks;
+    # the typing helper once died on such a definition with "KeyError: 'name'".
+    from common.internal.float32_purity import _callee_name
+
+    from numba.cuda.core import ir
+
+    loc = ir.Loc("k.py", 1)
+    attr = ir.Expr.getattr(ir.Var(ir.Scope(None, loc), "np", loc), "float64", loc)
+    assert _callee_name(attr) == "float64"
+    call = ir.Expr.call(ir.Var(ir.Scope(None, loc), "f", loc), (), (), loc)
+    assert _callee_name(call) == "a call"
+    assert _callee_name(None) == "a call"

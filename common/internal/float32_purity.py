@@ -616,6 +616,20 @@ def _source(loc: Any) -> str:
     return _source_line(loc.filename, loc.line)
 
 
+def _callee_name(callee_def: Any) -> str:
+    """A called function's name from its definition in the IR: a global's name, a
+    module attribute, or "a call". (An ir.Expr raises KeyError, not
+    AttributeError, for a field it lacks, so getattr's default does not apply.)"""
+    for field in ("name", "attr"):
+        try:
+            value = getattr(callee_def, field)
+        except (AttributeError, KeyError):
+            continue
+        if value:
+            return str(value)
+    return "a call"
+
+
 def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
     """float64 uses in one compiled function and the device functions it calls."""
     ir = _ir()
@@ -721,12 +735,7 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                             )
                         )
                 if _is_f64(ty):
-                    callee_def = defs.get(value.func.name)
-                    callee_name = (
-                        getattr(callee_def, "name", None)
-                        or getattr(callee_def, "attr", None)
-                        or "a call"
-                    )
+                    callee_name = _callee_name(defs.get(value.func.name))
                     f64_args = [a for a in value.args if _is_f64(typemap.get(a.name))]
                     why = (
                         f"because {_describe(f64_args[0], defs, typemap, argnames)} is float64"
