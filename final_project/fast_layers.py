@@ -338,8 +338,9 @@ def make_bn_backward_reduce(BLOCK, MIN_BLOCKS=5):
         q = t - (t // plane) * plane
         ph = q // w_out
         pw = q - ph * w_out
-        a = float32(0.0)
-        b = float32(0.0)
+        zero = float32(0.0)  # a bare 0.0 is float64: the comparisons would promote
+        a = zero
+        b = zero
         j = t
         while j < total:
             second = j + int32(BLOCK) < total
@@ -351,10 +352,10 @@ def make_bn_backward_reduce(BLOCK, MIN_BLOCKS=5):
             g1 = dpooled[n, c, ph, pw]
             z2 = z[n2, c, 2 * ph2 + (k2 >> 1), 2 * pw2 + (k2 & 1)] if second else z1
             g2 = dpooled[n2, c, ph2, pw2] if second else g1
-            if z1 * sc + sh > 0.0:
+            if z1 * sc + sh > zero:
                 a += g1 * (z1 - mu) * inv
                 b += g1
-            if second and z2 * sc + sh > 0.0:
+            if second and z2 * sc + sh > zero:
                 a += g2 * (z2 - mu) * inv
                 b += g2
             n, ph, pw = _advance(n2, ph2, pw2, dn, dh, dw, h_out, w_out)

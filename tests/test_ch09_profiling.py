@@ -345,15 +345,7 @@ def test_case_study_check_catches_a_missing_carry(rng, monkeypatch):
     [
         "v1 divisions",
         "v2 carries",
-        pytest.param(
-            "v3 two in flight",
-            marks=pytest.mark.xfail(
-                raises=AssertionError,
-                strict=True,
-                reason="final_project/fast_layers.py (not this chapter's file) compares "
-                "z1 * sc + sh > 0.0, a float64 literal",
-            ),
-        ),
+        "v3 two in flight",
     ],
 )
 def test_case_study_versions_compute_in_float32(version, rng):

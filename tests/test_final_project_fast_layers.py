@@ -311,8 +311,8 @@ def test_bn_relu_maxpool_check_catches_last_maximum(rng):
 def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
     kernel = mutant(
         fl.make_bn_backward_reduce,
-        ("if z1 * sc + sh > 0.0:", "if z1 * sc + sh >= 0.0:"),
-        ("if second and z2 * sc + sh > 0.0:", "if second and z2 * sc + sh >= 0.0:"),
+        ("if z1 * sc + sh > zero:", "if z1 * sc + sh >= zero:"),
+        ("if second and z2 * sc + sh > zero:", "if second and z2 * sc + sh >= zero:"),
     )(fl.BN_REDUCE_BLOCK)
 
     def broken(dpooled, argmax, z, mean, invstd, scale, shift, partials):
