@@ -29,12 +29,9 @@ from common.internal.float32_purity import float32_pure_launches
 from common.internal.racecheck import RaceError
 from common.runtime import ceil_div, is_simulator, pick
 
-import inspect
-import linecache
-import textwrap
-
 import numpy as np
 import pytest
+from mutants import mutant
 from numba import cuda
 
 sol = load_chapter_module("06_memory", "solutions")
@@ -254,30 +251,11 @@ def test_bad_shapes_are_refused():
 
 
 # ---------------------------------------------------------------- broken kernels fail
-def mutant(kernel, name, *edits: tuple[str, str]):
-    """A copy of the ``@cuda.jit`` ``kernel``, renamed ``name``, with each (old, new)
-    edit applied to its source: the one-line bug a check must catch (a dropped
-    barrier, a plain ``+=`` for an atomic), kept in step with the real kernel.
-    Each ``old`` must occur exactly once. The source is registered with linecache,
-    so tracebacks and the race detector's reports show the mutated lines."""
-    fn = kernel.py_func
-    src = textwrap.dedent(inspect.getsource(fn))
-    for old, new in edits:
-        assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
-        src = src.replace(old, new)
-    src = src.replace(f"def {fn.__name__}(", f"def {name}(", 1)
-    filename = f"<mutant of {fn.__name__}>/{name}.py"  # reports name it {name}.py:<line>
-    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    namespace = dict(fn.__globals__)
-    exec(compile(src, filename, "exec"), namespace)
-    return namespace[name]
-
-
 shift_left_no_barrier = mutant(
     sol.shift_left_kernel,
-    "shift_left_no_barrier",
     # no barrier: thread t reads tile[t + 1] before thread t + 1 may have written it
     ("    cuda.syncthreads()\n", ""),
+    name="shift_left_no_barrier",
 )
 
 
@@ -292,19 +270,19 @@ def test_broken_shift_left_without_barrier_fails(rng):
 
 block_sums_no_bounds = mutant(
     sol.block_sums_kernel,
-    "block_sums_no_bounds",
     (
         "s[t] = x[i] if i < x.size else ZERO",
         "s[t] = x[i]  # no bounds check: the last block reads past the end",
     ),
+    name="block_sums_no_bounds",
 )
 
 
 block_sums_no_barrier = mutant(
-    sol.block_sums_kernel,
-    "block_sums_no_barrier",  # no barrier after the load, none between tree levels
+    sol.block_sums_kernel,  # no barrier after the load, none between tree levels
     ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
     ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"),
+    name="block_sums_no_barrier",
 )
 
 
@@ -329,11 +307,11 @@ def test_broken_block_sums_fail(kernel, rng):
 
 dot_plain_add = mutant(
     sol.dot_kernel,
-    "dot_plain_add",
     (
         "cuda.atomic.add(out, 0, s[0])",
         "out[0] += s[0]  # not atomic: blocks racing on out[0] lose sums",
     ),
+    name="dot_plain_add",
 )
 
 
@@ -350,10 +328,10 @@ def test_broken_dot_without_atomic_fails(rng):
 
 
 argmax_no_barrier = mutant(
-    sol.argmax_kernel,
-    "argmax_no_barrier",  # no barriers: reads partners' slots before they are final
+    sol.argmax_kernel,  # no barriers: reads partners' slots before they are final
     ("    cuda.syncthreads()\n    stride = BLOCK // 2", "    stride = BLOCK // 2"),
     ("        cuda.syncthreads()\n        stride //= 2", "        stride //= 2"),
+    name="argmax_no_barrier",
 )
 
 
@@ -373,21 +351,21 @@ def test_broken_argmax_without_barrier_fails(rng, monkeypatch):
 
 argmax_pads_with_zero = mutant(
     sol.argmax_kernel,
-    "argmax_pads_with_zero",
     (
         "if i < x.size else NEG_INF",
         "if i < x.size else ZERO  # wrong: 0 beats every negative value",
     ),
+    name="argmax_pads_with_zero",
 )
 
 
 argmax_keeps_later_ties = mutant(
     sol.argmax_kernel,
-    "argmax_keeps_later_ties",
     (
         "if v > sv[t] or (v == sv[t] and j < si[t]):",
         "if v >= sv[t]:  # wrong: a tie takes the later index",
     ),
+    name="argmax_keeps_later_ties",
 )
 
 
@@ -417,19 +395,19 @@ def test_broken_argmax_last_block_wins_fails(rng):
 
 
 transpose_no_bounds = mutant(
-    sol.transpose_kernel,
-    "transpose_no_bounds",
+    sol.transpose_kernel,  # no bounds check on the write
     (
         "        if y + k < out.shape[0] and x < out.shape[1]:\n            out[y + k, x]",
         "        out[y + k, x]",
     ),
-)  # no bounds check on the write
+    name="transpose_no_bounds",
+)
 
 
 transpose_no_barrier = mutant(
-    sol.transpose_kernel,
-    "transpose_no_barrier",  # reads tile columns other threads write
+    sol.transpose_kernel,  # reads tile columns other threads write
     ("    cuda.syncthreads()\n", ""),
+    name="transpose_no_barrier",
 )
 
 
@@ -447,11 +425,11 @@ def test_broken_transpose_fails(kernel, rng):
 
 histogram_plain_add = mutant(
     sol.histogram_global_kernel,
-    "histogram_plain_add",
     (
         "cuda.atomic.add(bins, x[i], ONE_I32)",
         "bins[x[i]] += 1  # not atomic: two threads on one bin lose a count",
     ),
+    name="histogram_plain_add",
 )
 
 
@@ -467,8 +445,8 @@ def test_broken_histogram_without_atomic_fails(rng):
 
 histogram_private_plain_add = mutant(
     sol.histogram_private_kernel,
-    "histogram_private_plain_add",
     ("cuda.atomic.add(h, x[i], ONE_I32)", "h[x[i]] += 1  # not atomic, in shared memory"),
+    name="histogram_private_plain_add",
 )
 
 
@@ -485,17 +463,17 @@ def test_broken_private_histogram_without_atomic_fails(rng):
 
 block_scan_no_load_barrier = mutant(
     sol.block_scan_kernel,
-    "block_scan_no_load_barrier",
     # the first step reads s[t - 1], maybe before thread t - 1 stored it (on a GPU:
     # thread 32 reading warp 0's last slot)
     ("    cuda.syncthreads()\n    offset = 1", "    offset = 1"),
+    name="block_scan_no_load_barrier",
 )
 
 
 block_scan_one_barrier = mutant(
-    sol.block_scan_kernel,
-    "block_scan_one_barrier",  # no barrier between the read and the write
+    sol.block_scan_kernel,  # no barrier between the read and the write
     ("        cuda.syncthreads()\n        s[t] += v", "        s[t] += v"),
+    name="block_scan_one_barrier",
 )
 
 
@@ -523,8 +501,8 @@ def test_broken_scan_without_barrier_fails(kernel, rng, monkeypatch):
 
 stencil_no_halo = mutant(
     sol.stencil_kernel,
-    "stencil_no_halo",
     ("    if t < RADIUS:", "    if t < 0:  # wrong: the halo cells are never loaded"),
+    name="stencil_no_halo",
 )
 
 
@@ -535,30 +513,30 @@ def test_broken_stencil_without_halo_fails(rng, monkeypatch):
 
 
 softmax_no_tree_barrier = mutant(
-    sol.softmax_kernel,
-    "softmax_no_tree_barrier",  # no barrier between tree levels
+    sol.softmax_kernel,  # no barrier between tree levels
     (
         "s[t] = max(s[t], s[t + stride])\n        cuda.syncthreads()\n",
         "s[t] = max(s[t], s[t + stride])\n",
     ),
     ("s[t] += s[t + stride]\n        cuda.syncthreads()\n", "s[t] += s[t + stride]\n"),
+    name="softmax_no_tree_barrier",
 )
 
 
 softmax_no_max_subtraction = mutant(
     sol.softmax_kernel,
-    "softmax_no_max_subtraction",
     (
         "    m = s[0]\n",
         "    m = ZERO  # wrong: exp(x) overflows for large x; exp(x - max) cannot\n",
     ),
+    name="softmax_no_max_subtraction",
 )
 
 
 softmax_max_starts_at_zero = mutant(
     sol.softmax_kernel,
-    "softmax_max_starts_at_zero",
     ("    m = NEG_INF\n", "    m = ZERO  # wrong: the max of an all-negative row comes out as 0\n"),
+    name="softmax_max_starts_at_zero",
 )
 
 
