@@ -681,7 +681,8 @@ def _kernel_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] |
 _return_verdicts: dict[Any, Any] = {}
 
 
-def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | None:
+def _definition(code: Any) -> Any:
+    """The ``def`` (AST) that compiled to ``code``, from its file's source, or None."""
     import ast
 
     tree = _parse(code.co_filename)
@@ -690,21 +691,29 @@ def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | N
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == code.co_name:
             first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            if first != code.co_firstlineno:
-                continue
-            returns, loops = set(), []
-            todo = list(node.body)
-            while todo:  # the function's own statements, not those of nested defs
-                stmt = todo.pop()
-                if isinstance(stmt, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
-                    continue
-                if isinstance(stmt, ast.Return):
-                    returns.add(stmt.lineno)
-                if isinstance(stmt, (ast.For, ast.While)):
-                    loops.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
-                todo.extend(ast.iter_child_nodes(stmt))
-            return frozenset(returns), loops
+            if first == code.co_firstlineno:
+                return node
     return None
+
+
+def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | None:
+    import ast
+
+    node = _definition(code)
+    if node is None:
+        return None
+    returns, loops = set(), []
+    todo = list(node.body)
+    while todo:  # the function's own statements, not those of nested defs
+        stmt = todo.pop()
+        if isinstance(stmt, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(stmt, ast.Return):
+            returns.add(stmt.lineno)
+        if isinstance(stmt, (ast.For, ast.While)):
+            loops.append((stmt.lineno, stmt.end_lineno or stmt.lineno))
+        todo.extend(ast.iter_child_nodes(stmt))
+    return frozenset(returns), loops
 
 
 def _skipped_barrier(
@@ -928,28 +937,14 @@ def _callee_kind(node: Any, fn: Any) -> str | None:
 
 def _make_turns_version(fn: Any, kernel: bool) -> Any:
     """See :func:`_turns_version`; raises _CannotTakeTurns."""
-    import ast
     import copy
     import inspect
     import types
 
     code = getattr(fn, "__code__", None)
-    tree = _parse(code.co_filename) if code is not None else None
-    if tree is None:
-        raise _CannotTakeTurns("no source")
-    node = next(
-        (
-            n
-            for n in ast.walk(tree)
-            if isinstance(n, ast.FunctionDef)
-            and n.name == code.co_name
-            and (n.decorator_list[0].lineno if n.decorator_list else n.lineno)
-            == code.co_firstlineno
-        ),
-        None,
-    )
+    node = _definition(code) if code is not None else None
     if node is None:
-        raise _CannotTakeTurns("no definition")
+        raise _CannotTakeTurns("no source")
     plain = copy.deepcopy(node)
     plain.decorator_list = []
     # The source read now must be the one the function was compiled from (a file
