@@ -374,8 +374,9 @@ def check_train_step(
     terms errs by about sqrt(K) eps32 (eps32 = 1.2e-7) relative, and the
     longest sums of the full network (fc1's 3,136 inputs, conv2's weight
     gradient over 200,704 pixels, summed in float64 or in float32 chunks) land
-    at 2.6e-6 at batch 1024 (``check_gpu`` on an H100); 1e-4 leaves a factor
-    of about 40 for other seeds and data. A wrong kernel (a missing term or mask, a wrong
+    more than an order of magnitude below it at batch 1024 (``check_gpu``; the
+    README's "Checks at full size" gives the figure), which leaves room for other
+    seeds and data. A wrong kernel (a missing term or mask, a wrong
     index, sign or 1/N) errs by 1e-2 to O(1) at the tests' small sizes.
 
     Two things a relative error cannot judge get their own rules:

@@ -49,6 +49,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,7 @@ from numba import cuda
 from final_project import data as fdata
 from final_project import datasets
 from final_project import train as ftrain
-from final_project.fast_model import STAGES, FastCNN
+from final_project.fast_model import STAGES, FastCNN, Stage
 from final_project.model import NumbaCNN, init_params, param_shapes
 from final_project.torch_configs import available_configs, make_torch_step
 from final_project.torch_twin import TorchCNN, torch_train_step
@@ -71,11 +72,6 @@ def torch_device() -> torch.device:
     return torch.device(
         "cuda" if torch.cuda.is_available() and not common.is_simulator() else "cpu"
     )
-
-
-def _pinned(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return t.pin_memory() if device.type == "cuda" else t
 
 
 def torch_evaluate(
@@ -154,6 +150,16 @@ def loss_curve(history: list[dict[str, Any]], every: int) -> list[tuple[int, flo
 
 
 OURS = ("numba naive eager", "numba fast eager", "numba fast graph")
+# The timing protocol's defaults (the command line's, and the notebook's).
+TIME_STEPS = 50  # steps per timed window
+TIME_WINDOWS = 5  # timed windows; the median is kept
+TIME_WARMUP = 20  # untimed steps first
+NAIVE_STEPS = 3  # steps per window of the naive kernels (hundreds of ms a step)
+
+
+def all_configs(device: torch.device) -> list[str]:
+    """Every configuration that runs here: OURS, then torch's on ``device``."""
+    return list(OURS) + ["torch " + c for c in available_configs(device)]
 
 
 def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float):
@@ -183,14 +189,15 @@ def time_steps(
     images: np.ndarray,
     labels: np.ndarray,
     batch_size: int,
+    *,
     lr: float,
     seed: int,
-    steps: int,
-    windows: int,
-    warmup: int,
     device: torch.device,
     configs: list[str],
-    naive_steps: int = 3,
+    steps: int = TIME_STEPS,
+    windows: int = TIME_WINDOWS,
+    warmup: int = TIME_WARMUP,
+    naive_steps: int = NAIVE_STEPS,
     n_batches: int = 8,
 ) -> dict[str, Any]:
     """ms per training step of every configuration in ``configs`` at one batch size.
@@ -268,11 +275,63 @@ def time_steps(
     return result
 
 
+def time_batch_sizes(
+    config,
+    images: np.ndarray,
+    labels: np.ndarray,
+    batch_sizes: list[int],
+    *,
+    lr: float,
+    seed: int,
+    device: torch.device,
+    configs: list[str] | None = None,
+    steps: int = TIME_STEPS,
+    windows: int = TIME_WINDOWS,
+    warmup: int = TIME_WARMUP,
+    naive_steps: int = NAIVE_STEPS,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """The timing table: :func:`time_steps` at each of ``batch_sizes``, one row each
+    (print it with :func:`format_timing_table`).
+
+    ``configs`` defaults to :func:`all_configs`; a batch size larger than the
+    images is skipped, with a line to ``log``.
+    """
+    configs = all_configs(device) if configs is None else configs
+    rows = []
+    for b in batch_sizes:
+        if len(labels) < b:
+            log(f"timing: skipping batch {b}: only {len(labels)} training images")
+            continue
+        rows.append(
+            time_steps(
+                config,
+                images,
+                labels,
+                b,
+                lr=lr,
+                seed=seed,
+                device=device,
+                configs=configs,
+                steps=steps,
+                windows=windows,
+                warmup=warmup,
+                naive_steps=naive_steps,
+            )
+        )
+    return rows
+
+
 def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
-    """(flops, fewest bytes moved) of each stage of the fast step at batch n.
+    """(flops, fewest bytes moved) of each stage of the fast step at batch n, by
+    the names of :data:`final_project.fast_model.STAGES`, in that order.
 
     Bytes count each input read once and each output written once (float32:
     4 bytes, argmax: 1 byte); flops count a multiply-add as 2.
+
+    Raises:
+        RuntimeError: the stages here and STAGES differ (a stage added to the
+            model without its work here, or one left here after it went).
     """
     c = config
     hw1, hw2, hw4 = (
@@ -285,28 +344,33 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
     feat, hid, cls = c.flat_features, c.hidden, c.num_classes
     conv1 = 2 * n * hw1 * c.c1 * c.in_channels * 9
     conv2 = 2 * n * hw2 * c.c2 * c.c1 * 9
-    return {
-        "conv1 forward": (conv1, 4 * (x1 + z1)),
-        "bn1 statistics": (0, 0),
-        "bn1+relu+pool1": (0, 4 * z1 + 4 * p1 + p1),
-        "conv2 forward": (conv2, 4 * (p1 + z2)),
-        "bn2 statistics": (0, 0),
-        "bn2+relu+pool2": (0, 4 * z2 + 4 * p2 + p2),
-        "fc1 forward": (2 * n * feat * hid, 4 * (n * feat + hid * feat + n * hid)),
-        "fc2+loss+grads": (4 * n * hid * cls, 4 * (2 * n * hid + 3 * n * cls)),
-        "loss mean": (0, 4 * n),
-        "fc2 grad weight": (2 * n * cls * (hid + 1), 4 * (n * cls + n * hid + cls * hid)),
-        "fc1 grad weight": (2 * n * hid * (feat + 1), 4 * (n * hid + n * feat + hid * feat)),
-        "fc1 grad input": (2 * n * hid * feat, 4 * (n * hid + hid * feat + n * feat)),
-        "bn2 backward reduce": (0, 4 * p2 + p2 + 4 * p2),
-        "bn2 backward dx": (0, 4 * z2 + 4 * p2 + p2 + 4 * z2),
-        "conv2 grad weight": (conv2, 4 * (z2 + p1)),
-        "conv2 grad input": (conv2, 4 * (z2 + p1)),
-        "bn1 backward reduce": (0, 4 * p1 + p1 + 4 * p1),
-        "bn1 backward dx": (0, 4 * z1 + 4 * p1 + p1 + 4 * z1),
-        "conv1 grad weight": (conv1, 4 * (z1 + x1)),
-        "sgd update": (0, 12 * sum(int(np.prod(s)) for s in param_shapes(c).values())),
+    work = {
+        Stage.CONV1_FORWARD: (conv1, 4 * (x1 + z1)),
+        Stage.BN1_STATISTICS: (0, 0),
+        Stage.BN1_RELU_POOL1: (0, 4 * z1 + 4 * p1 + p1),
+        Stage.CONV2_FORWARD: (conv2, 4 * (p1 + z2)),
+        Stage.BN2_STATISTICS: (0, 0),
+        Stage.BN2_RELU_POOL2: (0, 4 * z2 + 4 * p2 + p2),
+        Stage.FC1_FORWARD: (2 * n * feat * hid, 4 * (n * feat + hid * feat + n * hid)),
+        Stage.FC2_LOSS_GRADS: (4 * n * hid * cls, 4 * (2 * n * hid + 3 * n * cls)),
+        Stage.LOSS_MEAN: (0, 4 * n),
+        Stage.FC2_GRAD_WEIGHT: (2 * n * cls * (hid + 1), 4 * (n * cls + n * hid + cls * hid)),
+        Stage.FC1_GRAD_WEIGHT: (2 * n * hid * (feat + 1), 4 * (n * hid + n * feat + hid * feat)),
+        Stage.FC1_GRAD_INPUT: (2 * n * hid * feat, 4 * (n * hid + hid * feat + n * feat)),
+        Stage.BN2_BACKWARD_REDUCE: (0, 4 * p2 + p2 + 4 * p2),
+        Stage.BN2_BACKWARD_DX: (0, 4 * z2 + 4 * p2 + p2 + 4 * z2),
+        Stage.CONV2_GRAD_WEIGHT: (conv2, 4 * (z2 + p1)),
+        Stage.CONV2_GRAD_INPUT: (conv2, 4 * (z2 + p1)),
+        Stage.BN1_BACKWARD_REDUCE: (0, 4 * p1 + p1 + 4 * p1),
+        Stage.BN1_BACKWARD_DX: (0, 4 * z1 + 4 * p1 + p1 + 4 * z1),
+        Stage.CONV1_GRAD_WEIGHT: (conv1, 4 * (z1 + x1)),
+        Stage.SGD_UPDATE: (0, 12 * sum(int(np.prod(s)) for s in param_shapes(c).values())),
     }
+    if set(work) != set(STAGES):
+        raise RuntimeError(
+            f"stage_work and fast_model.STAGES disagree: {sorted(set(work) ^ set(STAGES))}"
+        )
+    return {name: work[name] for name in STAGES}
 
 
 def stage_breakdown(
@@ -323,22 +387,25 @@ def stage_breakdown(
 
     A one-thread kernel first holds the model's stream for 40 ms while the host
     queues the step's launches behind it, with one CUDA event recorded after
-    each stage of :data:`final_project.fast_model.STAGES`; a stage's time is
-    the gap to the previous event (GPU time only: no launch gaps), median of
-    ``repeats`` steps after 3 warm-up steps. The stages add up to a little more
-    than the graph step, whose launches need no event between them.
+    each stage of :data:`final_project.fast_model.STAGES` (``train_step``'s
+    ``on_stage``); a stage's time is the gap to the previous event (GPU time
+    only: no launch gaps), median of ``repeats`` steps after 3 warm-up steps.
+    The batch waits in the model's static buffers, so no copy is timed. The
+    stages add up to a little more than the graph step, whose launches need no
+    event between them.
     Returns rows {stage, ms, gflops, gbps, pct_sgemm, pct_copy}; [] in the simulator.
     """
     if common.is_simulator():
         return []
     model = FastCNN(config, max_batch=batch_size, params=init_params(config, seed), graph=False)
-    x, y = images[:batch_size], labels[:batch_size]
-    model._stage(np.ascontiguousarray(x), np.ascontiguousarray(y))
+    x, y = model.static_batch(batch_size)
+    x.copy_to_device(np.ascontiguousarray(images[:batch_size]), stream=model.stream)
+    y.copy_to_device(np.ascontiguousarray(labels[:batch_size]), stream=model.stream)
     samples: dict[str, list[float]] = {k: [] for k in STAGES}
     for rep in range(repeats + 3):
         events = []
 
-        def mark(name: str, events=events) -> None:
+        def record(name: str, events=events) -> None:
             ev = cuda.event()
             ev.record(model.stream)
             events.append((name, ev))
@@ -348,7 +415,7 @@ def stage_breakdown(
         hold_stream(40, model.stream)
         first = cuda.event()
         first.record(model.stream)
-        model._step(batch_size, lr, mark)
+        model.train_step(x, y, lr, on_stage=record)
         events[-1][1].synchronize()
         if rep < 3:
             continue
@@ -547,25 +614,28 @@ def main(argv: list[str] | None = None) -> int:
         help="batch sizes for the timing table (default 64,256,1024; tiny: 8)",
     )
     p.add_argument(
-        "--time-steps", type=int, default=None, help="steps per timed window (default 50; tiny: 1)"
+        "--time-steps",
+        type=int,
+        default=None,
+        help=f"steps per timed window (default {TIME_STEPS}; tiny: 1)",
     )
     p.add_argument(
         "--time-windows",
         type=int,
         default=None,
-        help="timed windows, median kept (default 5; tiny: 1)",
+        help=f"timed windows, median kept (default {TIME_WINDOWS}; tiny: 1)",
     )
     p.add_argument(
         "--time-warmup",
         type=int,
         default=None,
-        help="untimed steps before the windows (default 20; tiny: 1)",
+        help=f"untimed steps before the windows (default {TIME_WARMUP}; tiny: 1)",
     )
     p.add_argument(
         "--naive-steps",
         type=int,
-        default=3,
-        help="steps per window for the naive kernels (slow: default 3)",
+        default=NAIVE_STEPS,
+        help=f"steps per window for the naive kernels (slow: default {NAIVE_STEPS})",
     )
     p.add_argument(
         "--configs",
@@ -592,19 +662,15 @@ def main(argv: list[str] | None = None) -> int:
     tiny = args.tiny
     loss_every = args.loss_every or (2 if tiny else 50)
     time_sizes = args.time_batch_sizes or ([8] if tiny else [64, 256, 1024])
-    time_steps_n = args.time_steps if args.time_steps is not None else (1 if tiny else 50)
-    warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else 20)
-    windows = args.time_windows if args.time_windows is not None else (1 if tiny else 5)
+    time_steps_n = args.time_steps if args.time_steps is not None else (1 if tiny else TIME_STEPS)
+    warmup = args.time_warmup if args.time_warmup is not None else (1 if tiny else TIME_WARMUP)
+    windows = args.time_windows if args.time_windows is not None else (1 if tiny else TIME_WINDOWS)
     if min(time_steps_n, windows, args.naive_steps) < 1 or warmup < 0:
         p.error("--time-steps, --time-windows and --naive-steps must be >= 1, --time-warmup >= 0")
     device = torch_device()
     # The tiny (simulator) run exercises the path with one configuration a side:
     # simulated fast kernels take minutes a step, and torch there is on the CPU.
-    runnable = (
-        ["numba naive eager", "torch eager"]
-        if tiny
-        else list(OURS) + ["torch " + c for c in available_configs(device)]
-    )
+    runnable = ["numba naive eager", "torch eager"] if tiny else all_configs(device)
     if args.configs:
         configs = [c.strip() for c in args.configs.split(",") if c.strip()]
         unknown = [c for c in configs if c not in runnable]
@@ -702,27 +768,20 @@ def main(argv: list[str] | None = None) -> int:
         curves = {"numba": [], "torch": []}
 
     # 2. time per step
-    timing = []
-    for b in time_sizes:
-        if len(y_train) < b:
-            print(f"timing: skipping batch {b}: only {len(y_train)} training images")
-            continue
-        timing.append(
-            time_steps(
-                config,
-                x_train,
-                y_train,
-                b,
-                args.lr,
-                args.seed,
-                time_steps_n,
-                windows,
-                warmup,
-                device,
-                configs,
-                naive_steps=args.naive_steps,
-            )
-        )
+    timing = time_batch_sizes(
+        config,
+        x_train,
+        y_train,
+        time_sizes,
+        lr=args.lr,
+        seed=args.seed,
+        device=device,
+        configs=configs,
+        steps=time_steps_n,
+        windows=windows,
+        warmup=warmup,
+        naive_steps=args.naive_steps,
+    )
     print(format_timing_table(timing, gpu, str(device)))
     breakdown = {}
     if not common.is_simulator():

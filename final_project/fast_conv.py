@@ -25,9 +25,9 @@ Primitives for Deep Learning", section 3).
     conv2d_grad_weight_igemm    GEMM Co x (Ci*K*K + 1) x (N*Ho*Wo), split-K: block =
                                 BM x BN tile of one chunk of the batch's pixels, thread =
                                 TM x TN register tile; the extra column of ones gives
-                                db; writes a float32 partial per chunk
-    split_k_reduce              thread = one (co, j) x one lane of chunks: sums the S
-                                partials in float64 in a fixed order, writes dw and db
+                                db; writes a float32 partial per chunk, which the linear
+                                layers' reduction (fast_layers.splitk_reduce_weight_bias)
+                                sums in float64 in a fixed order into dw and db
     block_channel_sums          (device function of the forward kernels) a block's
                                 per-channel sums: float32 over a thread's <= 8 pixels,
                                 taken around the thread's first output (shifted_sums),
@@ -68,12 +68,14 @@ Run the checks: ``python -m pytest tests/test_final_project_fast_conv.py -q``.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import require_device_array
-from common.runtime import ceil_div, jit, pick
+from common.runtime import ceil_div, jit, pick, sm_count
 
 from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda, float32, float64, int32, int64, uint64
+
+from final_project import fast_layers
 
 # The simulator refuses shared-memory alignment; on a GPU 16 bytes allows LDS.128.
 SMEM_ALIGN = pick(gpu=16, simulator=None)
@@ -82,7 +84,6 @@ SMEM_LIMIT = 48 * 1024  # static shared memory per block
 # of R channels) and the direct kernel's staged weights (one channel's K x K for
 # 32 output channels) must fit in 48 KiB of shared memory.
 MAX_KERNEL_SIZE = 15
-NUM_SMS = 132  # H100 SXM / H200: sizes the split-K grids (more SMs only means more blocks)
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +155,8 @@ class GradWeightTiles:
     bm x bn block tile of the Co x (Ci*K*K + 1) GEMM, bk pixels per K-tile, tm x tn
     register tile; the batch's N*Ho*Wo pixels are cut into S chunks of at most
     max_chunk (float32 sums stay short), at least min_chunk where the batch
-    allows, and enough chunks that the grid has about target_blocks blocks."""
+    allows, and enough chunks that the grid has about blocks_per_sm blocks per
+    SM of the device the launch runs on (:func:`common.runtime.sm_count`)."""
 
     bm: int
     bn: int
@@ -163,7 +165,7 @@ class GradWeightTiles:
     tn: int
     max_chunk: int
     min_chunk: int
-    target_blocks: int
+    blocks_per_sm: int
     min_blocks: int = 2
 
     def __post_init__(self):
@@ -193,8 +195,8 @@ class GradWeightTiles:
 # per four LDS.128), K-tiles of 18 = 2 channels x 3 x 3 taps, three blocks an
 # SM (168 registers): 26 TFLOP/s for conv2 at N = 1024. Co <= 32 (conv1, or the
 # grad input's Ci = 32): 128 x 32 tiles of 128 threads, 8 x 4, four blocks an
-# SM. Grids of fewer 128-row tiles than IGEMM_SMALL_GRID (conv2 at N = 64: 98
-# blocks for 132 SMs) use 64-row tiles, so more SMs get work.
+# SM. Grids of fewer 128-row tiles than IGEMM_SMALL_GRID_PER_SM per SM (conv2 at
+# N = 64: 98 blocks for an H100's 132 SMs) use 64-row tiles, so more SMs get work.
 GPU_IGEMM_TILES = IgemmTiles(128, 64, 8, 8, 18, min_blocks=3)
 GPU_IGEMM_TILES_NARROW = IgemmTiles(128, 32, 8, 4, 18, min_blocks=4)
 GPU_IGEMM_TILES_SMALL_M = IgemmTiles(64, 64, 8, 4, 18)
@@ -206,7 +208,7 @@ IGEMM_TILES = pick(gpu=GPU_IGEMM_TILES, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_NARROW = pick(gpu=GPU_IGEMM_TILES_NARROW, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_SMALL_M = pick(gpu=GPU_IGEMM_TILES_SMALL_M, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_SMALL_M_NARROW = pick(gpu=GPU_IGEMM_TILES_SMALL_M_NARROW, simulator=SIM_IGEMM_TILES)
-IGEMM_SMALL_GRID = pick(gpu=2 * NUM_SMS, simulator=0)
+IGEMM_SMALL_GRID_PER_SM = 2
 
 # GPU: 256 pixels x 32 channels a block (128 threads, 8 pixels x 8 channels a
 # thread): each x value is loaded by the 4 channel-group warps once and used
@@ -222,20 +224,17 @@ DIRECT_TILES = pick(gpu=GPU_DIRECT_TILES, simulator=SIM_DIRECT_TILES)
 # 2048 pixels (float32 sums that short lose under 1e-5) and at least 256 (each
 # block writes a whole Co x 64 partial tile: shorter chunks write more partials
 # than they read inputs); within that, about 4 blocks an SM (8 for the
-# one-warp tiles): conv2 at N = 64, 256, 1024 gives S = 49, 105, 106 chunks,
-# 245 to 530 blocks.
+# one-warp tiles): on an H100 (132 SMs) conv2 at N = 64, 256, 1024 gives S = 49,
+# 105, 106 chunks, 245 to 530 blocks.
 GPU_GRAD_WEIGHT_TILES = GradWeightTiles(
-    64, 64, 16, 8, 4, max_chunk=2048, min_chunk=256, target_blocks=4 * NUM_SMS
+    64, 64, 16, 8, 4, max_chunk=2048, min_chunk=256, blocks_per_sm=4
 )
 GPU_GRAD_WEIGHT_TILES_SMALL = GradWeightTiles(
-    32, 16, 16, 4, 4, max_chunk=2048, min_chunk=256, target_blocks=8 * NUM_SMS
+    32, 16, 16, 4, 4, max_chunk=2048, min_chunk=256, blocks_per_sm=8
 )
-SIM_GRAD_WEIGHT_TILES = GradWeightTiles(4, 4, 4, 2, 2, max_chunk=8, min_chunk=4, target_blocks=4)
+SIM_GRAD_WEIGHT_TILES = GradWeightTiles(4, 4, 4, 2, 2, max_chunk=8, min_chunk=4, blocks_per_sm=2)
 GRAD_WEIGHT_TILES = pick(gpu=GPU_GRAD_WEIGHT_TILES, simulator=SIM_GRAD_WEIGHT_TILES)
 GRAD_WEIGHT_TILES_SMALL = pick(gpu=GPU_GRAD_WEIGHT_TILES_SMALL, simulator=SIM_GRAD_WEIGHT_TILES)
-
-# split_k_reduce: OUTS outputs x LANES lanes of chunks a block.
-REDUCE_SHAPE = pick(gpu=(64, 4), simulator=(8, 2))
 
 # Column-table markers of the weight-gradient kernel (a kernel row so far off
 # the image that the bounds test fails): the ones column (db) and padding columns.
@@ -245,9 +244,10 @@ _NO_ROW = 1 << 20
 
 def igemm_tiles(m_total: int, gemm_n: int) -> IgemmTiles:
     """Default tiles for an implicit-GEMM conv with ``m_total`` = N*Ho*Wo rows
-    and ``gemm_n`` output channels. ``bm`` depends on m_total alone, so the
-    number of bn_partials rows does not depend on the channel count."""
-    small = ceil_div(m_total, IGEMM_TILES.bm) < IGEMM_SMALL_GRID
+    and ``gemm_n`` output channels on the current device. ``bm`` depends on
+    m_total and the SM count alone, so the number of bn_partials rows does not
+    depend on the channel count."""
+    small = ceil_div(m_total, IGEMM_TILES.bm) < IGEMM_SMALL_GRID_PER_SM * sm_count()
     if gemm_n <= 32:
         return IGEMM_TILES_SMALL_M_NARROW if small else IGEMM_TILES_NARROW
     return IGEMM_TILES_SMALL_M if small else IGEMM_TILES
@@ -1108,54 +1108,6 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
     return conv2d_grad_weight_igemm
 
 
-def make_split_k_reduce(OUTS, LANES, UNROLL=4):
-    """Factory: sum the S split-K partials of each (co, j) in float64, fixed order.
-
-    Block = OUTS outputs x LANES lanes; lane l sums chunks l, l + LANES, ... in
-    increasing order, UNROLL independent loads in flight at a time (a plain loop
-    would wait a memory latency per chunk), then lane 0 adds the LANES sums in
-    order. Arguments: (partials flat (S * Co * J), dw flat (Co * (J - 1)), db
-    (Co,), s_count, n_cols = J, total = Co * J)."""
-    THREADS = OUTS * LANES
-
-    @jit
-    def split_k_reduce(partials, dw, db, s_count, n_cols, total):
-        red = cuda.shared.array(THREADS, float64)
-        vals = cuda.local.array(UNROLL, float32)
-        tid = cuda.threadIdx.x & 1023
-        e_l = tid % OUTS
-        lane = tid // OUTS
-        e = cuda.blockIdx.x * OUTS + e_l
-        acc = 0.0
-        if e < total:
-            s = lane
-            while s + (UNROLL - 1) * LANES < s_count:
-                for u in range(UNROLL):
-                    vals[u] = partials[uint64((s + u * LANES) * total + e)]
-                for u in range(UNROLL):
-                    acc += float64(vals[u])
-                s += UNROLL * LANES
-            while s < s_count:
-                acc += float64(partials[uint64(s * total + e)])
-                s += LANES
-        red[tid] = acc
-        cuda.syncthreads()
-        if lane == 0 and e < total:
-            sum_all = 0.0
-            for r in range(LANES):
-                sum_all += red[r * OUTS + e_l]
-            co = e // n_cols
-            j = e - co * n_cols
-            if j < n_cols - 1:
-                dw[uint64(co * (n_cols - 1) + j)] = sum_all
-            else:
-                db[co] = sum_all
-
-    split_k_reduce.threads = THREADS
-    split_k_reduce.outs = OUTS
-    return split_k_reduce
-
-
 def grad_weight_tiles(c_out: int, n_cols: int) -> GradWeightTiles:
     """Default weight-gradient tiles for a Co x n_cols (= Ci*K*K + 1) gradient."""
     if c_out <= GRAD_WEIGHT_TILES_SMALL.bm and n_cols <= GRAD_WEIGHT_TILES_SMALL.bn:
@@ -1168,14 +1120,16 @@ def grad_weight_split(
 ) -> tuple[int, int]:
     """(S, chunk): the N*Ho*Wo pixels cut into S chunks of ``chunk`` pixels (a
     multiple of bk; the last chunk may be shorter). S is the larger of what keeps
-    chunks <= max_chunk and what gives about target_blocks blocks, but no more
-    chunks than keep them >= min_chunk where that is the tighter bound."""
+    chunks <= max_chunk and what gives about blocks_per_sm blocks per SM of the
+    current device, but no more chunks than keep them >= min_chunk where that
+    is the tighter bound."""
     bk = tiles.bk
     k_tiles = ceil_div(m_total, bk)
     blocks_per_chunk = ceil_div(c_out, tiles.bm) * ceil_div(n_cols, tiles.bn)
+    target_blocks = tiles.blocks_per_sm * sm_count()
     want = max(
         ceil_div(m_total, tiles.max_chunk),
-        min(ceil_div(tiles.target_blocks, blocks_per_chunk), ceil_div(m_total, tiles.min_chunk)),
+        min(ceil_div(target_blocks, blocks_per_chunk), ceil_div(m_total, tiles.min_chunk)),
     )
     s = max(1, min(want, k_tiles, 65535))
     chunk = ceil_div(k_tiles, s) * bk
@@ -1208,13 +1162,6 @@ def _grad_weight_kernel(tiles: GradWeightTiles):
     return _KERNELS[key]
 
 
-def _reduce_kernel():
-    key = ("reduce", REDUCE_SHAPE)
-    if key not in _KERNELS:
-        _KERNELS[key] = make_split_k_reduce(*REDUCE_SHAPE)
-    return _KERNELS[key]
-
-
 def conv2d_grad_weight_igemm(
     dout, x, pad: int, dw, db, partials, tiles: GradWeightTiles | None = None, stream=0
 ) -> None:
@@ -1226,9 +1173,11 @@ def conv2d_grad_weight_igemm(
     N*Ho*Wo cut into S chunks. Kernel 1: each block sums its chunk's K-tiles in
     float32 into partials[s, co, j] (float32 device array of shape
     ``conv2d_grad_weight_igemm_partials_shape(N, Ho, Wo, Co, Ci, K)``; scratch,
-    fully overwritten). Kernel 2: sums the S partials of each (co, j) in float64
-    in a fixed order and writes dw and db (float32), so the result is the same
-    bit for bit on every run. Never synchronizes or allocates. (Split-K: CUTLASS
+    fully overwritten). Kernel 2, the linear layers' reduction
+    (:func:`final_project.fast_layers.splitk_reduce_weight_bias`): sums the S
+    partials of each (co, j) in float64 in a fixed order and writes dw and db
+    (float32), so the result is the same bit for bit on every run. Never
+    synchronizes or allocates. (Split-K: CUTLASS
     "Efficient GEMM in CUDA", parallelized reductions; implicit GEMM Wgrad:
     CUTLASS "Implicit GEMM Convolution".)
 
@@ -1257,27 +1206,17 @@ def conv2d_grad_weight_igemm(
     s_count, chunk = grad_weight_split(m_total, c_out, n_cols, tiles)
     _check_partials(partials, (s_count, c_out, n_cols), np.float32, "partials")
     launch_conv2d_grad_weight_igemm(
-        _grad_weight_kernel(tiles),
-        _reduce_kernel(),
-        dout,
-        x,
-        pad,
-        dw,
-        db,
-        partials,
-        chunk,
-        s_count,
-        stream,
+        _grad_weight_kernel(tiles), dout, x, pad, dw, db, partials, chunk, s_count, stream
     )
 
 
 def launch_conv2d_grad_weight_igemm(
-    kernel, reduce, dout, x, pad: int, dw, db, partials, chunk: int, s_count: int, stream=0
+    kernel, dout, x, pad: int, dw, db, partials, chunk: int, s_count: int, stream=0
 ) -> None:
     """Launch a kernel from :func:`make_conv2d_grad_weight_igemm` over chunks of
-    ``chunk`` pixels, then ``reduce`` (from :func:`make_split_k_reduce`) over the
-    first ``s_count`` partials; no checks. For tests that run what the public
-    launcher would not, e.g. a reduction that drops the last chunk."""
+    ``chunk`` pixels, then the reduction over the first ``s_count`` partials; no
+    checks. For tests that run what the public launcher would not, e.g. a
+    reduction that drops the last chunk."""
     n, c_in, h, wd = x.shape
     c_out, _, k, _ = dw.shape
     h_out, w_out = dout.shape[2], dout.shape[3]
@@ -1286,7 +1225,4 @@ def launch_conv2d_grad_weight_igemm(
     kernel[(ceil_div(n_cols, bn), partials.shape[0], ceil_div(c_out, bm)), kernel.threads, stream](
         _flat(dout), _flat(x), _flat(partials), n, c_in, h, wd, c_out, h_out, w_out, k, pad, chunk
     )
-    total = c_out * n_cols
-    reduce[ceil_div(total, reduce.outs), reduce.threads, stream](
-        _flat(partials), _flat(dw), db, s_count, n_cols, total
-    )
+    fast_layers.splitk_reduce_weight_bias(partials, s_count, dw, db, stream)

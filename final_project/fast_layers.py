@@ -23,7 +23,10 @@ per op. Each kernel here names the idea it adds over its naive twin:
                                 the GPU); linear forward, weight gradient (+ bias gradient as
                                 a column of ones), input gradient
     splitk_reduce_bias_relu     thread per output: sum of the split-K partials + bias (+ReLU)
-    splitk_reduce_weight_bias   thread per weight: partials -> weight and bias gradients
+    splitk_reduce_weight_bias   OUTS weights x LANES lanes of chunks a block: the S partials
+                                of each weight summed in float64 in a fixed order, the last
+                                column to the bias gradient (the linear layers' and the
+                                convolutions' weight gradients, fast_conv.py)
     classifier_fused            block per 8 rows: fc2 forward, log-softmax, NLL row loss,
                                 dlogits = (softmax - onehot)/N and fc1's ReLU-masked input
                                 gradient, all from one read of the hidden activations
@@ -43,11 +46,11 @@ fused classifier as in llm.c's ``fused_classifier`` (Karpathy 2024).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.runtime import ceil_div, jit, pick
+from common.runtime import ceil_div, jit, pick, sm_count
 
 import math
 
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, int32, uint64
 
 THREADS = pick(gpu=256, simulator=32)  # elementwise kernels: threads per block
 REDUCE_THREADS = pick(gpu=128, simulator=16)  # per-channel finalize blocks
@@ -457,7 +460,9 @@ GEMM_BK = pick(gpu=32, simulator=8)  # K-slice staged in shared memory per step
 GEMM_TM = pick(gpu=4, simulator=2)  # rows a thread computes
 GEMM_TN = pick(gpu=4, simulator=2)  # columns a thread computes
 GEMM_THREADS = (GEMM_BN // GEMM_TN, GEMM_BM // GEMM_TM)  # (16, 16)
-GEMM_TARGET_BLOCKS = pick(gpu=528, simulator=4)  # four blocks per SM of an H100
+# Split K until the grid has about this many blocks per SM of the device (4 measured
+# faster than 2 for fc1 at batch 1024: README, "Version by version", version 5).
+GEMM_BLOCKS_PER_SM = pick(gpu=4, simulator=2)
 
 
 def make_gemm_splitk(
@@ -561,9 +566,11 @@ gemm_splitk_nn = make_gemm_splitk(False, False, False)
 
 
 def splitk_splits(m: int, j: int, k: int) -> int:
-    """How many K-chunks: enough blocks to fill the GPU, each chunk >= one K-step."""
+    """How many K-chunks: about GEMM_BLOCKS_PER_SM blocks per SM of the current
+    device (:func:`common.runtime.sm_count`), each chunk at least one K-step."""
     tiles = ceil_div(m, GEMM_BM) * ceil_div(j, GEMM_BN)
-    return max(1, min(ceil_div(GEMM_TARGET_BLOCKS, tiles), ceil_div(k, GEMM_BK)))
+    target = GEMM_BLOCKS_PER_SM * sm_count()
+    return max(1, min(ceil_div(target, tiles), ceil_div(k, GEMM_BK)))
 
 
 def splitk_chunk(k: int, splits: int) -> int:
@@ -612,23 +619,73 @@ splitk_reduce_bias_relu_kernel = make_splitk_reduce_bias(True)
 splitk_reduce_bias_kernel = make_splitk_reduce_bias(False)
 
 
-# Thread per weight (and one extra column per row: the bias): the S partials
-# summed in float64, in order.
-@cuda.jit
-def splitk_reduce_weight_bias_kernel(partials, splits, dw, db):
-    i = cuda.grid(1)
-    n_in = dw.shape[1]
-    if i >= dw.shape[0] * (n_in + 1):
-        return
-    o = i // (n_in + 1)
-    k = i % (n_in + 1)
-    acc = 0.0
-    for s in range(splits):
-        acc += float64(partials[s, o, k])
-    if k < n_in:
-        dw[o, k] = acc
-    else:
-        db[o] = acc
+def make_splitk_reduce_weight_bias(OUTS, LANES, UNROLL=4):
+    """Factory: dw and db from split-K partials, each sum in float64 in a fixed order.
+
+    partials[s, o, j] (S' >= S chunks of an O x J gradient, flat) hold chunk s's
+    float32 sum for weight (o, j), j < J - 1, and for the bias when j = J - 1 (the
+    GEMM's column of ones). Block = OUTS outputs x LANES lanes: lane l sums chunks
+    l, l + LANES, ... in increasing order, UNROLL independent loads in flight at a
+    time (a plain loop waits a memory latency per chunk), then lane 0 adds the
+    LANES sums in order. Arguments: (partials flat, dw flat (O * (J - 1)), db (O,),
+    s_count = S, n_cols = J, total = O * J)."""
+    THREADS = OUTS * LANES
+
+    @jit
+    def splitk_reduce_weight_bias(partials, dw, db, s_count, n_cols, total):
+        red = cuda.shared.array(THREADS, float64)
+        vals = cuda.local.array(UNROLL, float32)
+        tid = cuda.threadIdx.x & 1023
+        e_l = tid % OUTS
+        lane = tid // OUTS
+        e = cuda.blockIdx.x * OUTS + e_l
+        acc = 0.0
+        if e < total:
+            s = lane
+            while s + (UNROLL - 1) * LANES < s_count:
+                for u in range(UNROLL):
+                    vals[u] = partials[uint64((s + u * LANES) * total + e)]
+                for u in range(UNROLL):
+                    acc += float64(vals[u])
+                s += UNROLL * LANES
+            while s < s_count:
+                acc += float64(partials[uint64(s * total + e)])
+                s += LANES
+        red[tid] = acc
+        cuda.syncthreads()
+        if lane == 0 and e < total:
+            sum_all = 0.0
+            for r in range(LANES):
+                sum_all += red[r * OUTS + e_l]
+            o = e // n_cols
+            j = e - o * n_cols
+            if j < n_cols - 1:
+                dw[uint64(o * (n_cols - 1) + j)] = sum_all
+            else:
+                db[o] = sum_all
+
+    splitk_reduce_weight_bias.threads = THREADS
+    splitk_reduce_weight_bias.outs = OUTS
+    return splitk_reduce_weight_bias
+
+
+# OUTS outputs x LANES lanes of chunks a block.
+SPLITK_REDUCE_SHAPE = pick(gpu=(64, 4), simulator=(8, 2))
+splitk_reduce_weight_bias_kernel = make_splitk_reduce_weight_bias(*SPLITK_REDUCE_SHAPE)
+
+
+def splitk_reduce_weight_bias(partials, s_count: int, dw, db, stream=0) -> None:
+    """dw (O, J - 1) and db (O,) float32 from the first ``s_count`` chunks of
+    split-K partials (S', O, J) float32 (S' >= s_count; the last column is the
+    bias's): each sum in float64, in a fixed order, so the result is the same
+    bit for bit on every run. dw may have any C-contiguous shape of O * (J - 1)
+    elements (a convolution's (Co, Ci, K, K)). Never synchronizes or allocates."""
+    _, n_out, n_cols = partials.shape
+    total = n_out * n_cols
+    kernel = splitk_reduce_weight_bias_kernel
+    kernel[ceil_div(total, kernel.outs), kernel.threads, stream](
+        partials.reshape(partials.size), dw.reshape(dw.size), db, s_count, n_cols, total
+    )
 
 
 def _partials_view(buf, splits: int, m: int, j: int):
@@ -661,10 +718,7 @@ def linear_grad_weight(dy, x, dw, db, partials_buf, stream=0) -> None:
     splits = splitk_splits(n_out, n_in + 1, n)
     part = _partials_view(partials_buf, splits, n_out, n_in + 1)
     splits = gemm_splitk(gemm_splitk_tn_ones, dy, x, n_out, n_in + 1, n, part, stream)
-    total = n_out * (n_in + 1)
-    splitk_reduce_weight_bias_kernel[ceil_div(total, THREADS), THREADS, stream](
-        part, splits, dw, db
-    )
+    splitk_reduce_weight_bias(part, splits, dw, db, stream)
 
 
 def linear_grad_input(dy, w, dx, stream=0) -> None:

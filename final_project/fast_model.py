@@ -20,15 +20,21 @@ allocated once for ``max_batch``. On a GPU the first step at a new batch size
 (or learning rate) runs eagerly, which compiles and warms every kernel, and is
 then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
 CUDA C++ Programming Guide, "CUDA Graphs: stream capture"); every later step
-copies the batch into the static input buffers and replays the graph, so a
-launch costs about 1 us instead of about 26 us of Python. In the simulator,
-which has no graphs, the same launches run eagerly.
+copies the batch into the static input buffers and replays the graph, so the
+step costs no Python per launch (the README's "How we beat PyTorch" measures
+both). In the simulator, which has no graphs, the same launches run eagerly.
+
+The launches fall into the stages of :data:`STAGES` (one table: the step's
+marks, ``compare``'s per-stage work and timing, and chapter 9's profiles all
+read it). ``train_step(..., on_stage=f)`` calls ``f(stage)`` after each
+stage's launches, which then run from the host, never from a graph.
 
 Usage::
 
     model = FastCNN(NetConfig(), max_batch=64, seed=0)
     model.train_step(x, y, lr=0.05)   # x (N, 1, 28, 28) f32, y (N,) int32: host or device
     loss = model.loss.copy_to_host()[0]
+    model.train_step(x, y, lr=0.05, on_stage=print)   # "conv1 forward", ..., "sgd update"
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
@@ -46,34 +52,65 @@ from final_project import kernels as naive
 from final_project.graph import CudaGraphBackend, default_graph_backend
 from final_project.model import CNNBase, NetConfig, _Layer
 
-# The stage names of one training step, in launch order: what compare.py's
-# per-kernel breakdown reports (a stage may be one or two launches).
-STAGES = (
-    "conv1 forward",
-    "bn1 statistics",
-    "bn1+relu+pool1",
-    "conv2 forward",
-    "bn2 statistics",
-    "bn2+relu+pool2",
-    "fc1 forward",
-    "fc2+loss+grads",
-    "loss mean",
-    "fc2 grad weight",
-    "fc1 grad weight",
-    "fc1 grad input",
-    "bn2 backward reduce",
-    "bn2 backward dx",
-    "conv2 grad weight",
-    "conv2 grad input",
-    "bn1 backward reduce",
-    "bn1 backward dx",
-    "conv1 grad weight",
-    "sgd update",
-)
+
+class Stage:
+    """The stages of one training step, in launch order (a stage is one or two
+    launches). The class is the table: :data:`STAGES` is read from it, and the
+    step marks the end of each stage with one of these names."""
+
+    CONV1_FORWARD = "conv1 forward"
+    BN1_STATISTICS = "bn1 statistics"
+    BN1_RELU_POOL1 = "bn1+relu+pool1"
+    CONV2_FORWARD = "conv2 forward"
+    BN2_STATISTICS = "bn2 statistics"
+    BN2_RELU_POOL2 = "bn2+relu+pool2"
+    FC1_FORWARD = "fc1 forward"
+    FC2_LOSS_GRADS = "fc2+loss+grads"
+    LOSS_MEAN = "loss mean"
+    FC2_GRAD_WEIGHT = "fc2 grad weight"
+    FC1_GRAD_WEIGHT = "fc1 grad weight"
+    FC1_GRAD_INPUT = "fc1 grad input"
+    BN2_BACKWARD_REDUCE = "bn2 backward reduce"
+    BN2_BACKWARD_DX = "bn2 backward dx"
+    CONV2_GRAD_WEIGHT = "conv2 grad weight"
+    CONV2_GRAD_INPUT = "conv2 grad input"
+    BN1_BACKWARD_REDUCE = "bn1 backward reduce"
+    BN1_BACKWARD_DX = "bn1 backward dx"
+    CONV1_GRAD_WEIGHT = "conv1 grad weight"
+    SGD_UPDATE = "sgd update"
+
+
+# The stage names in launch order: what train_step's on_stage receives, and the
+# keys of compare.stage_work.
+STAGES: tuple[str, ...] = tuple(v for k, v in vars(Stage).items() if k.isupper())
 
 
 def _no_mark(name: str) -> None:
     pass
+
+
+def _in_order(on_stage: Callable[[str], None]) -> tuple[Callable[[str], None], Callable[[], None]]:
+    """(mark, done): ``mark(name)`` checks that ``name`` is the next of STAGES and
+    calls ``on_stage(name)``; ``done()`` checks that every stage was marked. So a
+    step whose marks drift from STAGES fails where it drifts, instead of a
+    profile or a timing table putting one stage's kernels under another's name."""
+    expected = iter(STAGES)
+
+    def mark(name: str) -> None:
+        want = next(expected, None)
+        if name != want:
+            raise RuntimeError(
+                f"the step marked stage {name!r} where fast_model.STAGES has {want!r}: "
+                "the marks in FastCNN's step and the Stage table disagree"
+            )
+        on_stage(name)
+
+    def done() -> None:
+        left = next(expected, None)
+        if left is not None:
+            raise RuntimeError(f"the step ended before stage {left!r} of fast_model.STAGES")
+
+    return mark, done
 
 
 def _max_size(fn: Callable[[int], int], max_batch: int) -> int:
@@ -247,9 +284,9 @@ class FastCNN(CNNBase, _Layer):
             fconv.conv2d_forward_igemm(
                 x, p["conv1.weight"], p["conv1.bias"], 1, z1, self.bn1_partials[:rows1], stream=s
             )
-        mark("conv1 forward")
+        mark(Stage.CONV1_FORWARD)
         self._bn_scale_shift("bn1", self.bn1_partials[:rows1], n * h * w, training)
-        mark("bn1 statistics")
+        mark(Stage.BN1_STATISTICS)
         fl.bn_relu_maxpool_forward(
             z1,
             self.bn1_scale,
@@ -258,7 +295,7 @@ class FastCNN(CNNBase, _Layer):
             self._rows("argmax1", n),
             s,
         )
-        mark("bn1+relu+pool1")
+        mark(Stage.BN1_RELU_POOL1)
         rows2 = fconv.conv2d_forward_igemm_partial_rows(n, h // 2, w // 2)
         fconv.conv2d_forward_igemm(
             self._rows("pooled1", n),
@@ -269,20 +306,20 @@ class FastCNN(CNNBase, _Layer):
             self.bn2_partials[:rows2],
             stream=s,
         )
-        mark("conv2 forward")
+        mark(Stage.CONV2_FORWARD)
         self._bn_scale_shift("bn2", self.bn2_partials[:rows2], n * (h // 2) * (w // 2), training)
-        mark("bn2 statistics")
+        mark(Stage.BN2_STATISTICS)
         pooled2 = self._rows("pooled2", n)
         fl.bn_relu_maxpool_forward(
             z2, self.bn2_scale, self.bn2_shift, pooled2, self._rows("argmax2", n), s
         )
-        mark("bn2+relu+pool2")
+        mark(Stage.BN2_RELU_POOL2)
         flat = pooled2.reshape((n, c.flat_features))
         hidden = self._rows("hidden_act", n)
         fl.linear_forward(
             flat, p["fc1.weight"], p["fc1.bias"], hidden, self.fc1_partials, relu=True, stream=s
         )
-        mark("fc1 forward")
+        mark(Stage.FC1_FORWARD)
         return hidden
 
     def _bn_scale_shift(self, name: str, partials: Any, count: int, training: bool) -> None:
@@ -327,9 +364,9 @@ class FastCNN(CNNBase, _Layer):
             d_hidden,
             s,
         )
-        mark("fc2+loss+grads")
+        mark(Stage.FC2_LOSS_GRADS)
         fl.mean_reduce(self._rows("row_loss", n), self.loss_buf, s)
-        mark("loss mean")
+        mark(Stage.LOSS_MEAN)
         # backward
         fl.linear_grad_weight(
             self._rows("dlogits", n),
@@ -339,15 +376,15 @@ class FastCNN(CNNBase, _Layer):
             self.fc2_grad_partials,
             s,
         )
-        mark("fc2 grad weight")
+        mark(Stage.FC2_GRAD_WEIGHT)
         flat = self._rows("pooled2", n).reshape((n, c.flat_features))
         fl.linear_grad_weight(
             d_hidden, flat, g["fc1.weight"], g["fc1.bias"], self.fc1_grad_partials, s
         )
-        mark("fc1 grad weight")
+        mark(Stage.FC1_GRAD_WEIGHT)
         d_pooled2 = self._rows("d_pooled2", n)
         fl.linear_grad_input(d_hidden, p["fc1.weight"], d_pooled2.reshape((n, c.flat_features)), s)
-        mark("fc1 grad input")
+        mark(Stage.FC1_GRAD_INPUT)
         dz2 = self._bn_backward(
             "bn2",
             n,
@@ -357,6 +394,7 @@ class FastCNN(CNNBase, _Layer):
             self._rows("dz2", n),
             self.bn2_back_partials,
             mark,
+            (Stage.BN2_BACKWARD_REDUCE, Stage.BN2_BACKWARD_DX),
         )
         h2, w2 = c.height // 2, c.width // 2
         part2 = self._scratch(
@@ -367,10 +405,10 @@ class FastCNN(CNNBase, _Layer):
         fconv.conv2d_grad_weight_igemm(
             dz2, self._rows("pooled1", n), 1, g["conv2.weight"], g["conv2.bias"], part2, stream=s
         )
-        mark("conv2 grad weight")
+        mark(Stage.CONV2_GRAD_WEIGHT)
         d_pooled1 = self._rows("d_pooled1", n)
         fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
-        mark("conv2 grad input")
+        mark(Stage.CONV2_GRAD_INPUT)
         dz1 = self._bn_backward(
             "bn1",
             n,
@@ -380,6 +418,7 @@ class FastCNN(CNNBase, _Layer):
             self._rows("dz1", n),
             self.bn1_back_partials,
             mark,
+            (Stage.BN1_BACKWARD_REDUCE, Stage.BN1_BACKWARD_DX),
         )
         part1 = self._scratch(
             "conv1_grad_partials",
@@ -391,16 +430,18 @@ class FastCNN(CNNBase, _Layer):
         fconv.conv2d_grad_weight_igemm(
             dz1, self._rows("x_static", n), 1, g["conv1.weight"], g["conv1.bias"], part1, stream=s
         )
-        mark("conv1 grad weight")
+        mark(Stage.CONV1_GRAD_WEIGHT)
 
-    def _bn_backward(self, name, n, d_pooled, argmax, z, dz, partials_buf, mark) -> Any:
+    def _bn_backward(self, name, n, d_pooled, argmax, z, dz, partials_buf, mark, stages) -> Any:
+        """The backward of BN -> ReLU -> pool ``name``: two stages, ``stages`` =
+        (dgamma and dbeta, dz)."""
         p, g, s = self.params, self.grads, self.stream
         stats = [getattr(self, f"{name}_{k}") for k in ("mean", "invstd", "scale", "shift")]
         _, _, ph, pw = d_pooled.shape
         partials = partials_buf[: fl.bn_backward_partial_rows(n, ph, pw)]
         fl.bn_relu_maxpool_backward_reduce(d_pooled, argmax, z, *stats, partials, s)
         fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
-        mark(f"{name} backward reduce")
+        mark(stages[0])
         fl.bn_relu_maxpool_backward_dx(
             d_pooled,
             argmax,
@@ -412,7 +453,7 @@ class FastCNN(CNNBase, _Layer):
             dz,
             s,
         )
-        mark(f"{name} backward dx")
+        mark(stages[1])
         return dz
 
     def _step(self, n: int, lr: float, mark=_no_mark) -> None:
@@ -421,7 +462,7 @@ class FastCNN(CNNBase, _Layer):
         naive.sgd_update_naive[
             naive._grid(self.params.flat.size)[0], naive.THREADS_PER_BLOCK, self.stream
         ](self.params.flat, self.grads.flat, lr)
-        mark("sgd update")
+        mark(Stage.SGD_UPDATE)
 
     # -- input staging -------------------------------------------------------------
 
@@ -434,23 +475,53 @@ class FastCNN(CNNBase, _Layer):
         """
         x, y = self.validate_batch(x, y, allow_host=True)
         n = x.shape[0]
-        self._rows("x_static", n).copy_to_device(x, stream=self.stream)
-        if y is not None:
-            self._rows("y_static", n).copy_to_device(y, stream=self.stream)
+        x_static, y_static = self.static_batch(n)
+        if x is not x_static:
+            x_static.copy_to_device(x, stream=self.stream)
+        if y is not None and y is not y_static:
+            y_static.copy_to_device(y, stream=self.stream)
         return n
+
+    def static_batch(self, n: int) -> tuple[Any, Any]:
+        """(x, y): the static input buffers a step of ``n`` images reads, device
+        arrays (n, C, H, W) float32 and (n,) int32. A batch written there (say
+        ``x.copy_to_device(host_x, stream=model.stream)``) and passed back as
+        these same arrays is not copied again by :meth:`train_step`, as a CUDA
+        graph's static inputs are filled once and reused."""
+        return self._rows("x_static", n), self._rows("y_static", n)
 
     # -- public ----------------------------------------------------------------------
 
-    def train_step(self, x: Any, y: Any, lr: float) -> None:
+    def train_step(
+        self, x: Any, y: Any, lr: float, *, on_stage: Callable[[str], None] | None = None
+    ) -> None:
         """One plain-SGD step on (x, y), as :meth:`NumbaCNN.train_step`; only
         queues work on :attr:`stream` (no host synchronisation).
 
         With graphs on, the first step at each (batch size, lr) runs eagerly and
         is then captured; later steps replay the graph.
+
+        on_stage: called as ``on_stage(name)`` right after the launches of each
+            stage are queued, once per name of :data:`STAGES`, in that order (to
+            record a CUDA event or close a profiler range there). The step then
+            launches every kernel from the host: it neither replays nor captures
+            a graph (a replay has no host code between its kernels). The batch
+            is copied into the static buffers before the first stage, unless x
+            and y are those buffers (:meth:`static_batch`).
+
+        Raises:
+            ValueError: a batch of the wrong shape, dtype or layout.
+            RuntimeError: the step's marks disagree with :data:`STAGES` (with
+                ``on_stage`` only).
         """
         n = self._stage(x, y)
         lr = float(lr)
         self.num_batches_tracked += 1
+        if on_stage is not None:
+            mark, done = _in_order(on_stage)
+            self._step(n, lr, mark)
+            done()
+            return
         if self.graph_backend is None:
             self._step(n, lr)
             return
@@ -521,4 +592,4 @@ class FastCNN(CNNBase, _Layer):
         self.stream.synchronize()
 
 
-__all__ = ["FastCNN", "STAGES", "CudaGraphBackend"]
+__all__ = ["FastCNN", "STAGES", "Stage", "CudaGraphBackend"]

@@ -303,7 +303,7 @@ def test_forward_direct_gpu_tiles(rng):
 def test_grad_weight_igemm_gpu_tiles(rng):
     # The GPU tile shape with chunks of one K-tile, so the split-K path runs (2 chunks).
     tiles = dataclasses.replace(
-        FC.GPU_GRAD_WEIGHT_TILES, max_chunk=16, min_chunk=16, target_blocks=2
+        FC.GPU_GRAD_WEIGHT_TILES, max_chunk=16, min_chunk=16, blocks_per_sm=1
     )
     check_grad_weight(rng, (1, 2, 3, 5, 5, 3, 1), tiles)
 
@@ -397,7 +397,6 @@ def test_check_catches_dropped_split_k_chunk(rng):
     """The weight gradient with a reduction that stops one chunk short."""
     tiles = FC.SIM_GRAD_WEIGHT_TILES
     kernel = FC.make_conv2d_grad_weight_igemm(tiles.bm, tiles.bn, tiles.bk, tiles.tm, tiles.tn)
-    reduce = FC.make_split_k_reduce(*FC.REDUCE_SHAPE)
     pb = _problem(rng, 1, 2, 3, 4, 5, 3, 1)
     dw, db, parts = _grad_weight_buffers(pb, tiles)
     s_count, chunk = FC.grad_weight_split(
@@ -405,7 +404,7 @@ def test_check_catches_dropped_split_k_chunk(rng):
     )
     assert s_count >= 2
     FC.launch_conv2d_grad_weight_igemm(
-        kernel, reduce, pb.dout_, pb.x_, pb.pad, dw.array, db.array, parts.array, chunk, s_count - 1
+        kernel, pb.dout_, pb.x_, pb.pad, dw.array, db.array, parts.array, chunk, s_count - 1
     )
     with pytest.raises(CheckError, match="grad weight"):
         check(dw.array, pb.dw, TOL, "grad weight")
@@ -416,11 +415,18 @@ def test_check_catches_dropped_split_k_chunk(rng):
 # ---------------------------------------------------------------------------
 
 
+# SM counts of the GPUs a learner meets: a T4 (40), an RTX 4090 (128), an H100 (132),
+# and below and above them.
+SM_COUNTS = [20, 40, 128, 132, 140]
+
+
+@pytest.mark.parametrize("sms", SM_COUNTS)
 @pytest.mark.parametrize("batch", [64, 256, 1024])
-def test_grad_weight_split_fills_the_gpu(batch):
-    """At the network's shapes every chunk is a whole number of K-tiles, at most
-    max_chunk pixels (short float32 sums), the chunks cover the batch exactly,
-    and the grid has at least one block per SM."""
+def test_grad_weight_split_fills_the_gpu(batch, sms, monkeypatch):
+    """At the network's shapes, on a GPU of ``sms`` SMs, every chunk is a whole
+    number of K-tiles, at most max_chunk pixels (short float32 sums), the chunks
+    cover the batch exactly, and the grid has at least one block per SM."""
+    monkeypatch.setattr(FC, "sm_count", lambda: sms)
     for c_out, c_in, size, tiles in (
         (64, 32, 14, FC.GPU_GRAD_WEIGHT_TILES),
         (32, 1, 28, FC.GPU_GRAD_WEIGHT_TILES_SMALL),
@@ -431,10 +437,45 @@ def test_grad_weight_split_fills_the_gpu(batch):
         assert chunk % tiles.bk == 0 and chunk <= tiles.max_chunk
         assert (s_count - 1) * chunk < m_total <= s_count * chunk
         blocks = s_count * -(-c_out // tiles.bm) * -(-n_cols // tiles.bn)
-        assert blocks >= FC.NUM_SMS
+        assert blocks >= sms
         assert FC.conv2d_grad_weight_igemm_partials_shape(
             batch, size, size, c_out, c_in, 3, tiles
         ) == (s_count, c_out, n_cols)
+
+
+def test_grad_weight_split_follows_the_sm_count(monkeypatch):
+    """The split-K grid is sized for the device it runs on: conv2's weight gradient
+    at batch 64 (12,544 pixels, 5 tiles a chunk) is cut into about 4 blocks an SM,
+    49 chunks on an H100 (capped by min_chunk), 32 on a T4's 40 SMs."""
+    tiles = FC.GPU_GRAD_WEIGHT_TILES
+    split = {}
+    for sms in (40, 132):
+        monkeypatch.setattr(FC, "sm_count", lambda sms=sms: sms)
+        split[sms] = FC.grad_weight_split(64 * 14 * 14, 64, 32 * 9 + 1, tiles)[0]
+    assert split == {40: 32, 132: 49}
+
+
+def test_igemm_small_grid_follows_the_sm_count(monkeypatch):
+    """conv2's forward at batch 64 is 98 row tiles of 128: fewer than 2 an SM on an
+    H100 (64-row tiles, so more SMs get work), more than 2 an SM on a T4."""
+    for name in ("IGEMM_TILES", "IGEMM_TILES_SMALL_M"):
+        monkeypatch.setattr(FC, name, getattr(FC, "GPU_" + name))
+    chosen = {}
+    for sms in (40, 132):
+        monkeypatch.setattr(FC, "sm_count", lambda sms=sms: sms)
+        chosen[sms] = FC.igemm_tiles(64 * 14 * 14, 64)
+    assert chosen == {40: FC.GPU_IGEMM_TILES, 132: FC.GPU_IGEMM_TILES_SMALL_M}
+
+
+@pytest.mark.parametrize("sms", [1, 30])
+def test_grad_weight_igemm_on_other_sm_counts(rng, monkeypatch, sms):
+    """Another SM count, another split of the 40 pixels (5 chunks of 8 on 1 SM,
+    where max_chunk binds; 10 of 4 on 30 SMs): the same gradient."""
+    monkeypatch.setattr(FC, "sm_count", lambda: sms)
+    tiles = FC.SIM_GRAD_WEIGHT_TILES
+    s_count, _ = FC.grad_weight_split(2 * 4 * 5, 3, 2 * 9 + 1, tiles)
+    assert s_count == {1: 5, 30: 10}[sms]
+    check_grad_weight(rng, (2, 2, 3, 4, 5, 3, 1), tiles)
 
 
 def test_every_kernel_size_fits_the_gpu_tiles():

@@ -13,6 +13,7 @@ terms cancel, the tolerance is their float32 rounding (rounding_tolerance).
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError, check, guarded, random_array, rounding_tolerance
+from common.internal.float32_purity import float64_uses, recording_launches
 from common.runtime import ceil_div
 
 import math
@@ -436,6 +437,84 @@ def test_linear_grads(rng, n, n_in, n_out):
     fl.linear_grad_input(dy_, w_, dx.array)
     dx.check_untouched("dx")
     check(dx.array, tx.grad, TOL, "linear grad input")
+
+
+def test_linear_split_follows_the_sm_count(monkeypatch):
+    """The split-K grid is sized for the device it runs on: fc1's forward at batch
+    64 (64 x 128 outputs, K = 3,136) is cut into more K-chunks on more SMs."""
+    splits = {}
+    for sms in (20, 40, 132):
+        monkeypatch.setattr(fl, "sm_count", lambda sms=sms: sms)
+        splits[sms] = fl.splitk_splits(64, 128, 3136)
+    assert splits[20] < splits[40] < splits[132], splits
+    tiles = ceil_div(64, fl.GEMM_BM) * ceil_div(128, fl.GEMM_BN)
+    for sms, s in splits.items():  # at least one block an SM
+        assert s * tiles >= sms, (sms, s)
+
+
+@pytest.mark.parametrize("sms", [1, 64])
+def test_linear_grads_on_other_sm_counts(rng, monkeypatch, sms):
+    """Few chunks (1 SM) or one a K-step (64 SMs; in the simulator 2 and 5 chunks
+    of the weight gradient's 37 rows): the same gradients."""
+    monkeypatch.setattr(fl, "sm_count", lambda: sms)
+    test_linear_grads(rng, 37, 7, 10)
+
+
+# The reduction both split-K weight gradients share (linear layers and
+# convolutions): S chunks against NumPy's float64 sum, for S below, at and past
+# the LANES x UNROLL a block takes per step; rows past S hold NaN and must stay
+# unread; dw as a convolution's 4-D weight.
+@pytest.mark.parametrize("s_count", [1, 7, 8, 13])
+def test_splitk_reduce_weight_bias(rng, s_count):
+    check_splitk_reduce_weight_bias(rng, s_count)
+
+
+def check_splitk_reduce_weight_bias(rng, s_count, reduce=fl.splitk_reduce_weight_bias):
+    c_out, c_in, k = 3, 2, 2  # n_cols = 9: a block of 8 outputs and one more
+    parts = np.full((s_count + 2, c_out, c_in * k * k + 1), np.nan, np.float32)
+    parts[:s_count] = random_array((s_count, c_out, c_in * k * k + 1), np.float32, rng)
+    total = parts[:s_count].astype(np.float64).sum(0)
+    dw, db = guarded((c_out, c_in, k, k), np.float32), guarded(c_out, np.float32)
+    reduce(cuda.to_device(parts), s_count, dw.array, db.array)
+    dw.check_untouched("dw")
+    db.check_untouched("db")
+    check(dw.array, total[:, :-1].reshape(c_out, c_in, k, k), TOL, "split-K reduce dw")
+    check(db.array, total[:, -1], TOL, "split-K reduce db")
+
+
+def test_splitk_reduce_check_catches_a_read_past_the_last_chunk(rng):
+    kernel = mutant(
+        fl.make_splitk_reduce_weight_bias,
+        ("while s + (UNROLL - 1) * LANES < s_count:", "while s + (UNROLL - 1) * LANES <= s_count:"),
+    )(*fl.SPLITK_REDUCE_SHAPE)
+
+    def broken(partials, s_count, dw, db):
+        _, c_out, n_cols = partials.shape
+        total = c_out * n_cols
+        kernel[ceil_div(total, kernel.outs), kernel.threads](
+            partials.reshape(partials.size), dw.reshape(dw.size), db, s_count, n_cols, total
+        )
+
+    # S = 7: one unrolled step would take chunks 0..7 of lane 0, one past the last
+    with pytest.raises(CheckError, match="NaN"):
+        check_splitk_reduce_weight_bias(rng, 7, broken)
+
+
+def test_splitk_reduce_computes_in_float64_only_its_sums():
+    """The partials are read and dw, db written as float32; only the sums (acc,
+    sum_all) are float64, on purpose: no other float64 a GPU would have to run."""
+    parts = cuda.to_device(np.ones((3, 2, 5), np.float32))
+    with recording_launches() as launches:
+        fl.splitk_reduce_weight_bias(
+            parts, 3, cuda.device_array((2, 4), np.float32), cuda.device_array(2, np.float32)
+        )
+    ((fn, argtypes, _),) = launches
+    stray = [
+        u
+        for u in float64_uses(fn, argtypes)
+        if not any(v in u.source or v in u.message for v in ("acc", "sum_all"))
+    ]
+    assert not stray, "\n".join(map(str, stray))
 
 
 def test_gemm_gpu_tile_shape(rng):

@@ -12,15 +12,16 @@ reduce's group of images; a label equal to the class count gives a NaN loss.
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError, check
 from common.internal import racecheck
+from common.internal.float32_purity import recording_launches
 
 import numpy as np
 import pytest
 from mutants import mutant
 from numba import cuda
 
-from final_project import checks, reference
+from final_project import checks, fast_model, reference
 from final_project import fast_layers as fl
-from final_project.fast_model import FastCNN
+from final_project.fast_model import STAGES, FastCNN, Stage
 from final_project.graph import EagerBackend
 from final_project.model import NetConfig, NumbaCNN, init_params
 
@@ -199,6 +200,89 @@ def test_graph_captured_once_per_batch_size_and_replayed(rng):
         eager.train_step(*batches[0], 0.01)
     assert len(backend.captures) == 3
     a, b = graphed.state_dict(), eager.state_dict()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def _step_by_stage(model, x, y, lr):
+    """train_step with on_stage: [(stage, [kernels launched since the previous
+    stage])] in the order of the calls."""
+    stages = []
+    with recording_launches() as launches:
+
+        def on_stage(name):
+            done = sum(len(k) for _, k in stages)
+            stages.append((name, [fn.__name__ for fn, _, _ in launches[done:]]))
+
+        model.train_step(x, y, lr, on_stage=on_stage)
+    return stages
+
+
+def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
+    """on_stage(name) once per stage of STAGES, in that order, right after that
+    stage's launches, which run from the host: with a graph backend, neither
+    before nor after the step's graph exists is anything captured or replayed
+    for it. The stages' kernels are the step's 27 launches, each in its stage."""
+    state = init_params(TINY, 4)
+    backend = CountingBackend()
+    graphed = FastCNN(TINY, max_batch=2, params=state, graph_backend=backend)
+    eager = FastCNN(TINY, max_batch=2, params=state, graph=False)
+    x, y = checks.random_batch(TINY, 2, rng)
+    with racecheck.first_launch_of_each_kernel():
+        first = _step_by_stage(graphed, x, y, 0.05)
+        assert (len(backend.captures), backend.replays) == (0, 0)
+        graphed.train_step(x, y, 0.05)  # the plain step: captured
+        second = _step_by_stage(graphed, x, y, 0.05)
+        assert (len(backend.captures), backend.replays) == (1, 0)
+        for _ in range(3):
+            eager.train_step(x, y, 0.05)
+    for stages in (first, second):
+        assert [name for name, _ in stages] == list(STAGES)
+        kernels = dict(stages)
+        assert all(kernels.values()), f"stages with no launch: {kernels}"
+        assert sum(map(len, kernels.values())) == 27
+        assert kernels[Stage.SGD_UPDATE] == ["sgd_update_naive"]
+        # the linear layers and the convolutions share one split-K reduction
+        assert kernels[Stage.FC1_GRAD_WEIGHT] == ["gemm_splitk", "splitk_reduce_weight_bias"]
+        assert kernels[Stage.CONV2_GRAD_WEIGHT] == [
+            "conv2d_grad_weight_igemm",
+            "splitk_reduce_weight_bias",
+        ]
+    a, b = graphed.state_dict(), eager.state_dict()
+    for name in a:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def test_step_whose_marks_drift_from_stages_fails(rng, monkeypatch):
+    """A step that marks its stages in another order than STAGES (here: STAGES
+    with its first two swapped) stops at the first disagreement, naming both."""
+    drifted = (STAGES[1], STAGES[0], *STAGES[2:])
+    monkeypatch.setattr(fast_model, "STAGES", drifted)
+    model = FastCNN(TINY, max_batch=2, seed=0)
+    seen = []
+    with pytest.raises(RuntimeError, match="'conv1 forward' where fast_model.STAGES has 'bn1"):
+        model.train_step(*checks.random_batch(TINY, 2, rng), 0.05, on_stage=seen.append)
+    assert seen == []
+
+
+def test_a_batch_in_the_static_buffers_is_not_copied_again(rng, monkeypatch):
+    """static_batch's arrays passed back to train_step: no copy, the same step."""
+    state = init_params(TINY, 5)
+    staged = FastCNN(TINY, max_batch=3, params=state, graph=False)
+    plain = FastCNN(TINY, max_batch=3, params=state, graph=False)
+    x, y = checks.random_batch(TINY, 2, rng)
+    xs, ys = staged.static_batch(2)
+    assert (xs.shape, ys.shape) == (x.shape, y.shape)
+    xs.copy_to_device(x)
+    ys.copy_to_device(y)
+    copies = []
+    for a in (xs, ys):
+        monkeypatch.setattr(a, "copy_to_device", lambda *args, **kw: copies.append(args))
+    with racecheck.first_launch_of_each_kernel():
+        staged.train_step(xs, ys, 0.05)
+        plain.train_step(x, y, 0.05)
+    assert copies == []
+    a, b = staged.state_dict(), plain.state_dict()
     for name in a:
         assert np.array_equal(a[name], b[name]), name
 

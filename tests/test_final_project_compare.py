@@ -1,0 +1,82 @@
+"""final_project.compare's pieces that need no GPU: the per-stage work table
+against the model's stage table, and the timing harness's calling convention
+(the timings themselves need a GPU; tests/test_final_project_cli.py runs the
+command's tiny path)."""
+
+import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+
+import inspect
+
+import numpy as np
+import pytest
+import torch
+
+from final_project import compare
+from final_project.fast_model import STAGES
+from final_project.model import NetConfig
+
+TINY = NetConfig(height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
+
+
+def test_stage_work_has_the_model_stages_in_order():
+    work = compare.stage_work(NetConfig(), 64)
+    assert tuple(work) == STAGES
+    flops, nbytes = work["conv2 forward"]
+    assert flops == 2 * 64 * 14 * 14 * 64 * 32 * 9  # a multiply-add is 2 flops
+
+
+def test_stage_work_refuses_a_stage_it_does_not_know(monkeypatch):
+    """A stage added to the model's table without its work here is an error, not
+    a row the roofline and the per-stage table silently lack."""
+    monkeypatch.setattr(compare, "STAGES", (*STAGES, "fc3 forward"))
+    with pytest.raises(RuntimeError, match="fc3 forward"):
+        compare.stage_work(TINY, 2)
+
+
+def test_time_steps_takes_its_protocol_by_keyword():
+    """Only the data come by position: 50, 5, 20 in a call say nothing."""
+    params = inspect.signature(compare.time_steps).parameters
+    by_position = [p for p in params.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [p.name for p in by_position] == ["config", "images", "labels", "batch_size"]
+    with pytest.raises(TypeError):
+        compare.time_steps(TINY, None, None, 4, 0.05, 0, 50, 5, 20, torch.device("cpu"), [])
+
+
+def test_time_batch_sizes_times_each_size_the_data_fills(monkeypatch):
+    calls, lines = [], []
+
+    def fake_time_steps(config, images, labels, batch_size, **kw):
+        calls.append((batch_size, kw))
+        return {"batch_size": batch_size, "ms": {}}
+
+    monkeypatch.setattr(compare, "time_steps", fake_time_steps)
+    images = np.zeros((10, 1, 8, 8), np.float32)
+    labels = np.zeros(10, np.int32)
+    rows = compare.time_batch_sizes(
+        TINY,
+        images,
+        labels,
+        [2, 16, 10],
+        lr=0.05,
+        seed=3,
+        device=torch.device("cpu"),
+        log=lines.append,
+    )
+    assert [r["batch_size"] for r in rows] == [2, 10]
+    assert lines == ["timing: skipping batch 16: only 10 training images"]
+    kw = calls[0][1]
+    assert (kw["lr"], kw["seed"], kw["configs"]) == (0.05, 3, compare.all_configs(kw["device"]))
+    assert (kw["steps"], kw["windows"], kw["warmup"], kw["naive_steps"]) == (
+        compare.TIME_STEPS,
+        compare.TIME_WINDOWS,
+        compare.TIME_WARMUP,
+        compare.NAIVE_STEPS,
+    )
+
+
+def test_all_configs_lists_ours_then_torchs():
+    configs = compare.all_configs(torch.device("cpu"))
+    assert configs[: len(compare.OURS)] == list(compare.OURS)
+    assert configs[len(compare.OURS) :] and all(
+        c.startswith("torch ") for c in configs[len(compare.OURS) :]
+    )
