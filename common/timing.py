@@ -337,11 +337,61 @@ def _fmt(v: float | None, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def format_table(results: Sequence[Timing], title: str | None = None) -> str:
-    """A plain-text table of timings, one row per version, for printing."""
-    lines = []
-    if title:
-        lines.append(title)
+def _aligned(
+    rows: Sequence[Sequence[str]], align: str, sep: str, least: Sequence[int]
+) -> list[str]:
+    """Rows of cells as lines indented by two spaces, each column as wide as its widest
+    cell (and at least ``least[c]``), aligned left ("<") or right (">") by ``align``."""
+    widths = [
+        max([len(row[c]) for row in rows] + [least[c] if c < len(least) else 0])
+        for c in range(len(align))
+    ]
+    return [
+        (
+            "  " + sep.join(format(cell, f"{a}{w}") for cell, a, w in zip(row, align, widths))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def format_table(
+    rows: Sequence[Timing] | Sequence[Sequence[Any]],
+    title: str | None = None,
+    *,
+    header: Sequence[str] | None = None,
+    align: str | None = None,
+) -> str:
+    """A plain-text table for printing: the course's one table printer.
+
+    Without ``header``, ``rows`` are Timings, one row per version: median,
+    p10-p90 spread, GB/s and % of copy bandwidth, TFLOP/s and % of SGEMM, first
+    call (in the simulator, which times nothing: each version's relative error,
+    where its check recorded one).
+
+    With ``header``, ``rows`` are rows of cells (each printed with ``str``), one
+    cell per header name; ``align`` holds one character per column, "<" (left)
+    or ">" (right), e.g. "<>>" for a name and two numbers (default: all left).
+
+    The title (if any) heads the table; every other line is indented by two
+    spaces, and each column is as wide as its widest cell (the Timing columns at
+    least as wide as the course's transcripts show them).
+
+    Raises:
+        ValueError: ``align`` or a row whose length is not the header's, or an
+            ``align`` character other than "<" and ">".
+    """
+    lines = [title] if title else []
+    if header is not None:
+        align = align or "<" * len(header)
+        cells = [[str(c) for c in row] for row in rows]
+        if len(align) != len(header) or set(align) - set("<>"):
+            raise ValueError(f"align {align!r}: one '<' or '>' per column of {list(header)}")
+        for row in cells:
+            if len(row) != len(header):
+                raise ValueError(f"row {row} has {len(row)} cells for {len(header)} columns")
+        lines += _aligned([[str(h) for h in header], *cells], align, "  ", ())
+        return "\n".join(lines)
+    results = rows
     if results and not any(r.measured for r in results):
         # Nothing was timed; what the simulator did establish is each version's check.
         errors = [r.extra.get("rel_error") for r in results]
@@ -349,26 +399,33 @@ def format_table(results: Sequence[Timing], title: str | None = None) -> str:
             lines.append(f"  ({SIMULATOR_NOTE})")
             lines.extend(f"  {r.name}" for r in results)
             return "\n".join(lines)
-        width = max(34, *(len(r.name) for r in results))
-        lines.append(f"  {'version':<{width}} {'rel. error':>10}  ({SIMULATOR_NOTE})")
-        lines.extend(f"  {r.name:<{width}} {e:>10.2g}" for r, e in zip(results, errors))
-        return "\n".join(lines)
-    header = (
-        f"  {'version':<34} {'median ms':>10} {'p10-p90 ms':>17} "
-        f"{'GB/s':>8} {'%copy':>6} {'TFLOP/s':>8} {'%SGEMM':>7} {'1st call ms':>11}"
-    )
-    lines.append(header)
+        table = [["version", "rel. error"]] + [
+            [r.name, f"{e:.2g}"] for r, e in zip(results, errors)
+        ]
+        table = _aligned(table, "<>", " ", (34, 10))
+        table[0] += f"  ({SIMULATOR_NOTE})"
+        return "\n".join(lines + table)
+    table = [
+        ["version", "median ms", "p10-p90 ms", "GB/s", "%copy", "TFLOP/s", "%SGEMM", "1st call ms"]
+    ]
     for r in results:
         spread = "-" if r.p10_ms is None else f"{r.p10_ms:.4g}-{r.p90_ms:.4g}"
         pct_copy = r.fraction_of_copy_peak
         pct_mm = r.fraction_of_sgemm_peak
-        lines.append(
-            f"  {r.name:<34} {_fmt(r.median_ms, '.4g'):>10} {spread:>17} "
-            f"{_fmt(r.gbps, '.1f'):>8} {_fmt(pct_copy and 100 * pct_copy, '.1f'):>6} "
-            f"{_fmt(r.tflops, '.2f'):>8} {_fmt(pct_mm and 100 * pct_mm, '.1f'):>7} "
-            f"{_fmt(r.first_call_ms, '.0f'):>11}"
+        table.append(
+            [
+                r.name,
+                _fmt(r.median_ms, ".4g"),
+                spread,
+                _fmt(r.gbps, ".1f"),
+                _fmt(pct_copy and 100 * pct_copy, ".1f"),
+                _fmt(r.tflops, ".2f"),
+                _fmt(pct_mm and 100 * pct_mm, ".1f"),
+                _fmt(r.first_call_ms, ".0f"),
+            ]
         )
-    return "\n".join(lines)
+    # at least the widths the course's READMEs and transcripts show
+    return "\n".join(lines + _aligned(table, "<>>>>>>>", " ", (34, 10, 17, 8, 6, 8, 7, 11)))
 
 
 def write_json(

@@ -26,8 +26,9 @@ occupancy = load_chapter_module(CHAPTER, "occupancy")
 nsight = load_chapter_module(CHAPTER, "nsight_compute")
 roofline = load_chapter_module(CHAPTER, "roofline")
 names = load_chapter_module(CHAPTER, "kernel_names")
+tools = load_chapter_module(CHAPTER, "tools")
 H100 = occupancy.KNOWN_LIMITS[(9, 0)]
-SAVED = occupancy.SAVED
+SAVED = tools.SAVED_DIR
 
 
 def saved_kernels():
@@ -298,7 +299,7 @@ def test_roofline_point_by_hand():
 
 
 def test_saved_roofline_points_are_consistent():
-    measured = json.loads(roofline.SAVED.read_text())
+    measured = json.loads(roofline.SAVED_POINTS.read_text())
     rows = roofline.points(measured)
     assert any(r["name"].startswith("capstone") for r in rows)
     for r in rows:
@@ -395,14 +396,13 @@ def check_theoretical_occupancy(fn):
 
 
 def check_bottleneck_kernel(fn):
-    tp = load_chapter_module(CHAPTER, "torch_profile")
     # In the fast and graph profiles the top kernel, conv2d_igemm, runs under two
     # printed names (the factory's kernel compiled for two layers), neither of them
     # the largest alone
     for path in sorted(SAVED.glob("torch_profile_kernels_*.json")):
         records = json.loads(path.read_text())["kernels"]
-        table = tp.kernel_table(
-            tp.KernelRecord(r["name"], r["start_us"], r["end_us"]) for r in records
+        table = tools.kernel_table(
+            tools.KernelRecord(r["name"], r["start_us"], r["end_us"]) for r in records
         )
         name, share = fn(records)
         assert (name, share) == (table[0].name, pytest.approx(table[0].percent / 100)), path.name

@@ -20,6 +20,7 @@ import pytest
 
 CH = "09_profiling"
 san = load_chapter_module(CH, "sanitizer")
+tools = load_chapter_module(CH, "tools")
 dbg = load_chapter_module(CH, "debugging")
 simulator_only = pytest.mark.skipif(not is_simulator(), reason="simulator behaviour")
 
@@ -92,19 +93,19 @@ SAVED_LOGS = {
 
 
 def _saved(target, fixed=False):
-    return (san.SAVED / san.log_name(target, fixed)).read_text()
+    return (tools.SAVED_DIR / san.log_name(target, fixed)).read_text()
 
 
 def test_every_target_has_a_saved_log_and_an_expectation():
     assert set(SAVED_LOGS) == set(san.TARGETS)
     for target in san.TARGETS:
-        assert (san.SAVED / san.log_name(target)).is_file(), san.log_name(target)
+        assert (tools.SAVED_DIR / san.log_name(target)).is_file(), san.log_name(target)
 
 
 @pytest.mark.parametrize("target", [t for t, e in SAVED_LOGS.items() if e is not None])
 def test_saved_log_parses_to_its_counts_kinds_and_kernels(target):
     want = SAVED_LOGS[target]
-    report = san.parse_report(_saved(target), san.TARGETS[target].tool)
+    report = tools.parse_report(_saved(target), san.TARGETS[target].tool)
     assert report.tool == san.TARGETS[target].tool
     assert report.error_count == want.errors
     assert len(report.findings) == want.printed
@@ -124,15 +125,15 @@ def test_log_cut_short_is_refused():
     text = _saved("uninit")
     cut = text[: text.index("========= ERROR SUMMARY")]
     with pytest.raises(ValueError, match="cut short"):
-        san.parse_report(cut)
+        tools.parse_report(cut)
 
 
 @pytest.mark.parametrize("target", list(san.TARGETS))
 def test_saved_fixed_log_has_no_errors(target):
-    path = san.SAVED / san.log_name(target, fixed=True)
+    path = tools.SAVED_DIR / san.log_name(target, fixed=True)
     if not path.is_file():
         pytest.skip(f"{path.name} not saved yet (written by the GPU run)")
-    assert san.parse_report(path.read_text()).error_count == 0
+    assert tools.parse_report(path.read_text()).error_count == 0
 
 
 # ------------------------------------------------------------------ parse_report
@@ -169,7 +170,7 @@ RACECHECK = """\
 
 
 def test_parse_truncated_memcheck_log():
-    report = san.parse_report(MEMCHECK_TRUNCATED)
+    report = tools.parse_report(MEMCHECK_TRUNCATED)
     assert report.tool == "memcheck"  # from the "$ compute-sanitizer --tool" line
     # the program's own line that mentions "ERROR SUMMARY" is not the tool's summary
     assert (report.error_count, report.not_printed, len(report.findings)) == (24, 22, 2)
@@ -183,7 +184,7 @@ def test_parse_truncated_memcheck_log():
 
 
 def test_parse_racecheck_log():
-    report = san.parse_report(RACECHECK)
+    report = tools.parse_report(RACECHECK)
     assert report.tool == "racecheck"
     assert (report.error_count, report.warning_count) == (1, 0)
     (race,) = report.findings
@@ -194,10 +195,10 @@ def test_parse_racecheck_log():
 
 def test_parse_clean_log():
     clean = "========= COMPUTE-SANITIZER\nfixed\n========= ERROR SUMMARY: 0 errors\n"
-    report = san.parse_report(clean, tool="synccheck")
+    report = tools.parse_report(clean, tool="synccheck")
     assert (report.tool, report.error_count, report.findings) == ("synccheck", 0, [])
     assert report.first is None
-    assert san.parse_report(clean).tool is None  # nothing in it names the tool
+    assert tools.parse_report(clean).tool is None  # nothing in it names the tool
 
 
 @pytest.mark.parametrize(
@@ -210,7 +211,7 @@ def test_parse_clean_log():
 )
 def test_parse_log_without_summary_raises(text):
     with pytest.raises(ValueError, match="no 'ERROR SUMMARY'"):
-        san.parse_report(text)
+        tools.parse_report(text)
 
 
 def test_sanitizer_command_and_log_names():
@@ -373,7 +374,7 @@ API_ERROR_LOG = """\
 def test_api_error_outside_a_kernel():
     # what a run without --report-api-errors no prints at start-up: the CUDA Python
     # bindings' probes of the driver, outside any kernel
-    report = san.parse_report(API_ERROR_LOG, "memcheck")
+    report = tools.parse_report(API_ERROR_LOG, "memcheck")
     assert report.error_count == 1
     (finding,) = report.findings
     assert finding.kind.startswith("Program hit CUDA_ERROR_INVALID_VALUE")

@@ -7,31 +7,32 @@ images); each thread walks the pooled positions j = t, t + 256, ... of its
 group, gathers the window winner's z through the argmax, and adds.
 
 The symptom: in the capstone's stage table (batch 1024) the bn1 reduction moved
-its bytes at 17% of copy bandwidth, the slowest memory-bound stage of the step.
+its bytes far below copy bandwidth, the slowest memory-bound stage of the step.
+The README's section 6 gives the figures of each version (times, Nsight Compute's
+counters); this header says what each version changes and why.
 
 Version 1, as the capstone had it. Nsight Compute: the SM is busier than
-memory ("Compute (SM) Throughput" 61% against "DRAM Throughput" 39%) for a
-kernel that does one multiply-add per 9 bytes. The instructions are the cause:
-every element decodes its flat index j into (image, row, column) with four
-integer divisions by sizes known only at run time (``j // plane``,
-``j % plane``, ``q // w_out``, ``q % w_out``); a 32-bit integer division is
-a sequence of about 20 instructions.
+memory ("Compute (SM) Throughput" against "DRAM Throughput") for a kernel that
+does one multiply-add per 9 bytes. The instructions are the cause: every
+element decodes its flat index j into (image, row, column) with four integer
+divisions by sizes known only at run time (``j // plane``, ``j % plane``,
+``q // w_out``, ``q % w_out``); a 32-bit integer division is a sequence of
+about 20 instructions.
 
 Version 2: decode j once, then step it by the constant BLOCK = dn * plane +
 dh * w_out + dw with carries, as the capstone's direct convolution does for its
-pixels. Warp instructions fall by 37% and SM throughput to 41%, but the time
-only by 6%: the counters now name the next limit. Registers went from 48 to 64,
-so occupancy fell from 62.5% to 50%, and warps wait longer on memory ("long
-scoreboard" stalls: 11 cycles an instruction, from 6.6): each thread's loop is
-a chain, argmax load -> z load (its address depends on the argmax) -> add, one
-element at a time.
+pixels. Warp instructions and SM throughput fall, the time much less: the
+counters now name the next limit. More registers a thread, so lower occupancy,
+and warps wait longer on memory ("long scoreboard" stalls): each thread's loop
+is a chain, argmax load -> z load (its address depends on the argmax) -> add,
+one element at a time.
 
 Version 3: two elements in flight per iteration (both argmax loads, then both
 gathers, then the adds, in the same order as before) and ``launch_bounds``
-holding registers at 48 (5 blocks an SM). DRAM throughput rises to 59%; the
-kernel is 1.2x faster than version 1 at both shapes. The partial sums of all
-three versions are bit-identical: same loads, same additions in the same order.
-The capstone runs version 3 now.
+holding registers at 48 (5 blocks of 256 threads an SM). DRAM throughput rises
+and the kernel is the fastest of the three at both shapes. The partial sums of
+all three versions are bit-identical: same loads, same additions in the same
+order. The capstone runs version 3 now.
 
 The script checks every version against a float64 reference and against each
 other, times them with CUDA events at the capstone's bn1 and bn2 shapes
@@ -43,9 +44,8 @@ Run: python chapters/09_profiling/case_study.py
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, check, is_simulator, pick, random_array
+from common import ceil_div, check, import_sibling, is_simulator, pick, random_array
 from common.harness import run_script, save_results, script_parser
-from common.internal.exercises import load_chapter_module
 from common.timing import benchmark, format_table
 
 from functools import partial
@@ -56,7 +56,8 @@ from numba import cuda, float32, float64, int32
 
 from final_project import fast_layers
 
-HERE = Path(__file__).resolve().parent
+nsight_compute = import_sibling(__file__, "nsight_compute")
+
 BLOCK = fast_layers.BN_REDUCE_BLOCK
 # (N, C, H, W) of the convolution outputs feeding bn1 and bn2 at batch 1024;
 # in the simulator, small shapes whose planes neither divide nor fill a block.
@@ -267,9 +268,13 @@ class Inputs:
         return n * c * (h // 2) * (w // 2) * 9
 
 
-def check_versions(inputs: Inputs) -> np.ndarray:
+def check_versions(inputs: Inputs) -> dict[str, np.ndarray]:
     """Every version against the float64 reference; their partials must be
-    bit-identical (same loads, same order of additions). Returns {version: partials}."""
+    bit-identical (same loads, same order of additions).
+
+    Returns {version name: its partial sums, float64 (P, 2, C)}. Raises
+    common.CheckError for a version off the reference, AssertionError for
+    partials that differ from version 1's."""
     ref = inputs.reference()
     got = {}
     for name, kernel in VERSIONS.items():
@@ -336,30 +341,32 @@ def main(argv=None) -> int:
                 + " -> ".join(f"{t.median_ms * 1e3:.1f} us" for t in v)
                 + f" ({v[0].median_ms / v[-1].median_ms:.2f}x)"
             )
-    nsight = load_chapter_module("09_profiling", "nsight_compute")
     args.out.mkdir(parents=True, exist_ok=True)
-    text, source = nsight.profile_or_saved(
+    text, source = nsight_compute.profile_or_saved(
         args.out / "ncu_case_study.csv", [str(Path(__file__).resolve()), "--target"]
     )
-    kernels = nsight.parse_ncu_csv(text)
-    rows = [nsight.summary(k) for k in kernels]
+    kernels = nsight_compute.parse_ncu_csv(text)
+    rows = [nsight_compute.summary(k) for k in kernels]
     labels = [f"{layer} {v.split()[0]}" for layer in SHAPES for v in VERSIONS]
     if len(kernels) != len(labels):
         raise ValueError(
             f"{source} profiles {len(kernels)} launches, expected {len(labels)} "
             f"({', '.join(labels)}): rerun this script on a GPU to remake it"
         )
-    print(f"\nNsight Compute, from {source}:")
     for label, k, r in zip(labels, kernels, rows):
-        r["kernel"] = f"{label} {k.name[:20]}"
-        r["sm_pct"] = k.value("Compute (SM) Throughput")
-        r["warp_instructions"] = k.value("smsp__inst_executed.sum")
-    print(nsight.format_summary(rows))
-    for r in rows:
-        print(
-            f"  {r['kernel']:<40} SM {r['sm_pct']:5.1f}%  DRAM {r['dram_pct']:5.1f}%  "
-            f"{r['warp_instructions']:>12,.0f} warp instructions"
-        )
+        r["kernel"] = f"{label} {k.name}"
+    print(nsight_compute.format_summary(rows, f"\nNsight Compute, from {source}:"))
+    cells = [
+        [
+            r["kernel"],
+            f"{k.value('Compute (SM) Throughput'):.1f}",
+            f"{r['dram_pct']:.1f}",
+            f"{k.value('smsp__inst_executed.sum'):,.0f}",
+        ]
+        for k, r in zip(kernels, rows)
+    ]
+    header = ["kernel", "SM %", "DRAM %", "warp instructions"]
+    print(format_table(cells, header=header, align="<>>>"))
     save_results(timings, args.out, "case_study")
     return 0
 

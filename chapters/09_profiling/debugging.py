@@ -18,10 +18,9 @@ Run: python chapters/09_profiling/debugging.py
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import is_simulator, jit
+from common import is_simulator, jit, load_chapter_module
 from common.checking import poisoned
 from common.harness import run_script, script_parser
-from common.internal.exercises import load_chapter_module
 
 import math
 import re

@@ -32,9 +32,9 @@ Run: python chapters/09_profiling/nsight_compute.py [--pairs transpose,matmul]
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import is_simulator
+from common import import_sibling, is_simulator
 from common.harness import run_script, save_results, script_parser
-from common.internal.exercises import load_chapter_module
+from common.timing import format_table
 
 import csv
 import io
@@ -46,14 +46,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-SAVED = HERE / "saved"
+from numba import cuda
+
+from final_project.fast_model import FastCNN
+
+short_kernel_name = import_sibling(__file__, "kernel_names").short_kernel_name
+tools = import_sibling(__file__, "tools")
+workloads = import_sibling(__file__, "workloads")
+SAVED = tools.SAVED_DIR  # notebook.ipynb's name for it
+
 PAIRS = ("transpose", "histogram", "matmul")
-# "capstone": one training step of the capstone's fast kernels at batch 1024
+# "capstone": one training step of the capstone's fast kernels at workloads.CAPSTONE_BATCH
 TARGETS = (*PAIRS, "capstone")
-CAPSTONE_BATCH = 1024
 HELPER_KERNELS = {"fill_int"}  # the histogram launchers' zeroing kernel: not under study
-short_kernel_name = load_chapter_module("09_profiling", "kernel_names").short_kernel_name
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats")
 METRICS = (
@@ -205,25 +210,31 @@ def summary(k: NcuKernel) -> dict[str, Any]:
     }
 
 
-def format_summary(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'kernel':<28} {'us':>8} {'DRAM%':>6} {'GB/s':>6} {'sec/ld':>6} {'sec/st':>6} "
-        f"{'bank confl.':>11} {'occ%':>5} {'regs':>4}  top stall (cycles/instr)"
-    )
-    lines = [head, "-" * len(head)]
+def format_summary(rows: list[dict[str, Any]], title: str | None = None) -> str:
+    """The rows of :func:`summary` as a table, one kernel a line."""
 
     def f(v, spec):
         return "-" if v is None else format(v, spec)
 
-    for r in rows:
-        lines.append(
-            f"{r['kernel'][:28]:<28} {r['us']:>8.1f} {r['dram_pct']:>6.1f} {r['dram_gbps']:>6.0f} "
-            f"{f(r['sectors_per_ld'], '.1f'):>6} {f(r['sectors_per_st'], '.1f'):>6} "
-            f"{r['bank_conflicts']:>11,} {r['achieved_occupancy_pct']:>5.1f} {r['registers']:>4}  "
+    cells = [
+        [
+            r["kernel"],
+            f"{r['us']:.1f}",
+            f"{r['dram_pct']:.1f}",
+            f"{r['dram_gbps']:.0f}",
+            f(r["sectors_per_ld"], ".1f"),
+            f(r["sectors_per_st"], ".1f"),
+            f"{r['bank_conflicts']:,}",
+            f"{r['achieved_occupancy_pct']:.1f}",
+            r["registers"],
             f"{r['top_stall']} ({f(r['top_stall_cycles'], '.1f')} of "
-            f"{r['cycles_per_instruction']:.1f})"
-        )
-    return "\n".join(lines)
+            f"{r['cycles_per_instruction']:.1f})",
+        ]
+        for r in rows
+    ]
+    header = ["kernel", "us", "DRAM%", "GB/s", "sec/ld", "sec/st", "bank confl.", "occ%", "regs"]
+    header.append("top stall (cycles/instr)")
+    return format_table(cells, title, header=header, align="<>>>>>>>><")
 
 
 def ncu_command(log_file: Path, program: list[str]) -> list[str]:
@@ -267,22 +278,16 @@ def profile_or_saved(log: Path, program: list[str], say_skip: bool = True) -> tu
     if say_skip:
         why = "the simulator runs no GPU code" if is_simulator() else "ncu is not on the PATH"
         print(f"skipped running ncu: {why}. On a GPU machine this script runs:\n  " + " ".join(cmd))
-    return (SAVED / log.name).read_text(), f"saved/{log.name}"
+    return (tools.SAVED_DIR / log.name).read_text(), f"saved/{log.name}"
 
 
 def _capstone_step() -> None:
-    """One eager training step of the capstone's FastCNN at batch 1024 in the
-    profiled range (a first step compiles every kernel)."""
-    import numpy as np
-    from numba import cuda
-
-    from final_project.fast_model import FastCNN
-    from final_project.model import NetConfig
-
-    rng = np.random.default_rng(0)
-    x = cuda.to_device(rng.standard_normal((CAPSTONE_BATCH, 1, 28, 28)).astype(np.float32))
-    y = cuda.to_device(rng.integers(0, 10, CAPSTONE_BATCH).astype(np.int32))
-    model = FastCNN(NetConfig(), max_batch=CAPSTONE_BATCH, seed=0, graph=False)
+    """One eager training step of the capstone's FastCNN at workloads.CAPSTONE_BATCH
+    in the profiled range (a first step compiles every kernel)."""
+    net, batch = workloads.capstone_net(), workloads.CAPSTONE_BATCH
+    images, labels = workloads.capstone_inputs(net, batch)
+    x, y = cuda.to_device(images), cuda.to_device(labels)
+    model = FastCNN(net, max_batch=batch, seed=0, graph=False)
     model.train_step(x, y, 0.01)
     cuda.synchronize()
     cuda.profile_start()
@@ -294,12 +299,10 @@ def _capstone_step() -> None:
 def run_target(pair: str) -> None:
     """What ncu wraps: check every kernel of ``pair``, then launch each once
     between cuda.profile_start() and cuda.profile_stop()."""
-    from numba import cuda
-
     if pair == "capstone":
         _capstone_step()
         return
-    runs = load_chapter_module("09_profiling", "workloads").kernel_runs((pair,))
+    runs = workloads.kernel_runs((pair,))
     for run in runs:
         run.run()  # compiles
         run.check()
@@ -338,8 +341,7 @@ def main(argv=None) -> int:
         kernels = [k for k in parse_ncu_csv(text) if k.name not in HELPER_KERNELS]
         rows = [summary(k) for k in kernels]
         results[pair] = rows
-        print(f"\n{pair}: from {source}")
-        print(format_summary(rows))
+        print(format_summary(rows, f"\n{pair}: from {source}"))
     save_results(
         [{"pair": pair, **row} for pair, rows in results.items() for row in rows],
         args.out,

@@ -32,9 +32,9 @@ Run: python chapters/09_profiling/occupancy.py
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, is_simulator
+from common import ceil_div, import_sibling, is_simulator
 from common.harness import run_script, save_results, script_parser
-from common.internal.exercises import load_chapter_module
+from common.timing import format_table
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,8 +42,10 @@ from typing import Any
 
 from numba import cuda
 
-HERE = Path(__file__).resolve().parent
-SAVED = HERE / "saved"
+nsight_compute = import_sibling(__file__, "nsight_compute")
+tools = import_sibling(__file__, "tools")
+workloads = import_sibling(__file__, "workloads")
+
 WARP = 32
 SUB_PARTITIONS = 4  # SMSPs per SM, each with a quarter of the register file (7.0 to 9.0)
 
@@ -221,9 +223,8 @@ def saved_launch_stats(path: Path) -> list[dict[str, Any]]:
     """From a saved ``ncu --csv --page details`` report: per profiled kernel its
     name, block size, registers, static shared bytes and ncu's theoretical
     occupancy (%), in profiling order."""
-    nsight = load_chapter_module("09_profiling", "nsight_compute")
     rows = []
-    for k in nsight.parse_ncu_csv(path.read_text()):
+    for k in nsight_compute.parse_ncu_csv(path.read_text()):
         rows.append(
             {
                 "kernel": k.name,
@@ -251,18 +252,23 @@ def _row(label, threads, registers, shared, occ: Occupancy, **more) -> dict[str,
 
 
 def format_rows(rows: list[dict[str, Any]], witness: str) -> str:
-    head = (
-        f"{'kernel':<40} {'thr':>5} {'regs':>4} {'smem B':>7} {'limiter':<9} "
-        f"{'blk/SM':>6} {'ours %':>7} {witness:>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r['kernel'][:40]:<40} {r['threads']:>5} {r['registers']:>4} {r['shared']:>7} "
-            f"{r['limiter']:<9} {r['blocks_per_sm']:>6} {r['theoretical_pct']:>7.2f} "
-            f"{r['witness_pct']:>9.2f}"
-        )
-    return "\n".join(lines)
+    """The rows of :func:`main` as a table; ``witness`` heads the column of the
+    figure the calculator is checked against ("ncu %", "driver %")."""
+    cells = [
+        [
+            r["kernel"],
+            r["threads"],
+            r["registers"],
+            r["shared"],
+            r["limiter"],
+            r["blocks_per_sm"],
+            f"{r['theoretical_pct']:.2f}",
+            f"{r['witness_pct']:.2f}",
+        ]
+        for r in rows
+    ]
+    header = ["kernel", "thr", "regs", "smem B", "limiter", "blk/SM", "ours %", witness]
+    return format_table(cells, header=header, align="<>>><>>>")
 
 
 def main(argv=None) -> int:
@@ -271,7 +277,7 @@ def main(argv=None) -> int:
     rows = []
     if is_simulator():
         limits = KNOWN_LIMITS[(9, 0)]
-        for path in sorted(SAVED.glob("ncu_*.csv")):
+        for path in sorted(tools.SAVED_DIR.glob("ncu_*.csv")):
             for s in saved_launch_stats(path):
                 occ = theoretical_occupancy(s["threads"], s["registers"], s["shared"], limits)
                 rows.append(
@@ -287,12 +293,11 @@ def main(argv=None) -> int:
                 )
         print(
             f"simulator: no compiled kernels here; resources and ncu's figures from the GPU "
-            f"run's reports in {SAVED.relative_to(Path.cwd()) if SAVED.is_relative_to(Path.cwd()) else SAVED}, "
+            f"run's reports in {tools.SAVED_DIR.relative_to(tools.REPO_ROOT)}/, "
             f"limits of compute capability {limits.name}"
         )
         print(format_rows(rows, "ncu %"))
     else:
-        workloads = load_chapter_module("09_profiling", "workloads")
         limits = device_limits()
         for run in workloads.kernel_runs():
             run.run()  # compiles the kernel for its signature

@@ -29,10 +29,10 @@ Run: python chapters/09_profiling/roofline.py
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import benchmark, device_peaks, is_simulator
+from common import benchmark, device_peaks, import_sibling, is_simulator
 from common.harness import run_script, script_parser
-from common.internal.exercises import load_chapter_module
 from common.runtime import device_name
+from common.timing import format_table
 
 import json
 from pathlib import Path
@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-SAVED = HERE / "saved" / "roofline_h100.json"
-CAPSTONE_BATCH = 1024
+tools = import_sibling(__file__, "tools")
+workloads = import_sibling(__file__, "workloads")
+SAVED_POINTS = tools.SAVED_DIR / "roofline_h100.json"  # the points of the course's GPU run
 
 
 def attainable_flops(intensity: float, peak_flops: float, peak_bytes_per_s: float) -> float:
@@ -91,7 +91,6 @@ def measure() -> dict[str, Any]:
     {"device", "peaks", "kernels": [{name, flops, nbytes, us}]}."""
     peaks = device_peaks()
     kernels = []
-    workloads = load_chapter_module("09_profiling", "workloads")
     for run in workloads.kernel_runs():
         run.run()
         run.check()
@@ -101,15 +100,12 @@ def measure() -> dict[str, Any]:
         kernels.append(
             {"name": run.label, "flops": run.flops, "nbytes": run.nbytes, "us": t.median_ms * 1e3}
         )
-    from final_project import compare
-    from final_project.model import NetConfig
+    from final_project import compare  # GPU only: it loads torch
 
-    config = NetConfig()
-    rng = np.random.default_rng(0)
-    images = rng.standard_normal((CAPSTONE_BATCH, 1, 28, 28)).astype(np.float32)
-    labels = rng.integers(0, 10, CAPSTONE_BATCH).astype(np.int32)
-    rows = compare.stage_breakdown(config, images, labels, CAPSTONE_BATCH, 0.01, 0, 20, peaks)
-    work = compare.stage_work(config, CAPSTONE_BATCH)
+    net, batch = workloads.capstone_net(), workloads.CAPSTONE_BATCH
+    images, labels = workloads.capstone_inputs(net, batch)
+    rows = compare.stage_breakdown(net, images, labels, batch, 0.01, 0, 20, peaks)
+    work = compare.stage_work(net, batch)
     for r in rows:
         flops, nbytes = work[r["stage"]]
         if nbytes:  # the statistics stages are folded into the convolutions
@@ -136,18 +132,21 @@ def points(measured: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def format_points(rows: list[dict[str, Any]]) -> str:
-    head = (
-        f"{'kernel':<40} {'us':>9} {'FLOP/B':>7} {'TFLOP/s':>8} {'GB/s':>7} "
-        f"{'bound':>7} {'% of roof':>9}"
-    )
-    lines = [head, "-" * len(head)]
-    for r in sorted(rows, key=lambda r: r["intensity"]):
-        tf = f"{r['tflops']:.2f}" if r["flops"] else "-"
-        lines.append(
-            f"{r['name'][:40]:<40} {r['us']:>9.1f} {r['intensity']:>7.2f} {tf:>8} "
-            f"{r['gbps']:>7.0f} {r['bound']:>7} {100 * r['fraction_of_roof']:>9.1f}"
-        )
-    return "\n".join(lines)
+    """The points of :func:`points` as a table, by arithmetic intensity."""
+    cells = [
+        [
+            r["name"],
+            f"{r['us']:.1f}",
+            f"{r['intensity']:.2f}",
+            f"{r['tflops']:.2f}" if r["flops"] else "-",
+            f"{r['gbps']:.0f}",
+            r["bound"],
+            f"{100 * r['fraction_of_roof']:.1f}",
+        ]
+        for r in sorted(rows, key=lambda r: r["intensity"])
+    ]
+    header = ["kernel", "us", "FLOP/B", "TFLOP/s", "GB/s", "bound", "% of roof"]
+    return format_table(cells, header=header, align="<>>>>>>")
 
 
 def plot(rows: list[dict[str, Any]], peaks: dict, device: str, path: Path) -> None:
@@ -190,7 +189,7 @@ def plot(rows: list[dict[str, Any]], peaks: dict, device: str, path: Path) -> No
     ax.set_xlabel("arithmetic intensity (FLOP / byte, fewest bytes)")
     ax.set_ylabel("TFLOP/s")
     ax.set_title(
-        f"Roofline, {device}: capstone stages at batch {CAPSTONE_BATCH} (circles), "
+        f"Roofline, {device}: capstone stages at batch {workloads.CAPSTONE_BATCH} (circles), "
         "chapter 08 matmuls (squares)",
         fontsize=9,
     )
@@ -206,10 +205,10 @@ def main(argv=None) -> int:
     parser = script_parser(__doc__, "09_profiling")
     args = parser.parse_args(argv)
     if is_simulator():
-        measured = json.loads(SAVED.read_text())
+        measured = json.loads(SAVED_POINTS.read_text())
         print(
             f"simulator: nothing to time; the points of a GPU run ({measured['device']}), "
-            f"from {SAVED.name}"
+            f"from {SAVED_POINTS.name}"
         )
     else:
         measured = measure()

@@ -1,4 +1,5 @@
-"""The kernels this chapter profiles: three slow/fast pairs from chapters 06 and 08.
+"""The kernels this chapter profiles: three slow/fast pairs from chapters 06 and 08,
+and the capstone's training step.
 
 | pair | slow | fast | what the counters should show |
 |---|---|---|---|
@@ -14,12 +15,17 @@ checks them all; the profiling scripts (``nsight_compute.py``,
 
 Sizes: 4096 x 4096 transpose (64 MiB each way), 2**24-element histogram,
 2048^3 matmul on a GPU; tiny and ragged in the simulator.
+
+The capstone (final_project): its full network on a GPU (the simulator's is
+``final_project.train.TINY``, :func:`capstone_net`), at ``CAPSTONE_BATCH`` images
+a step for Nsight Compute and the roofline (torch_profile.py picks its own batch),
+on random inputs (:func:`capstone_inputs`).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import check, pick, random_array
+from common import check, is_simulator, load_chapter_module, pick, random_array
 from common.harness import run_script
-from common.internal.exercises import load_chapter_module
+from common.timing import format_table
 
 import argparse
 from collections.abc import Callable
@@ -30,6 +36,9 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from final_project import train as ftrain
+from final_project.model import NetConfig
+
 transpose = load_chapter_module("06_memory", "transpose")
 histogram = load_chapter_module("06_memory", "histogram")
 matmul = load_chapter_module("08_faster_matmul", "matmul")
@@ -37,6 +46,7 @@ matmul = load_chapter_module("08_faster_matmul", "matmul")
 TRANSPOSE_SHAPE = pick(gpu=(4096, 4096), simulator=(33, 20))  # ragged: 2 x 1 tiles of 32
 HISTOGRAM_SIZE = pick(gpu=2**24, simulator=1000)
 MATMUL_SIZE = pick(gpu=(2048, 2048, 2048), simulator=(19, 9, 7))
+CAPSTONE_BATCH = 1024  # images a training step, as the capstone trains on a GPU
 
 
 @dataclass(frozen=True)
@@ -160,13 +170,34 @@ def kernel_runs(pairs: tuple[str, ...] = ("transpose", "histogram", "matmul"), s
     return [run for name in pairs for run in makers[name](rng)]
 
 
+def capstone_net() -> NetConfig:
+    """The capstone's network: the full one on a GPU; in the simulator the tiny one
+    of ``final_project.train.TINY`` (8x8 images, channels 2/4, hidden 16)."""
+    if not is_simulator():
+        return NetConfig()
+    t = ftrain.TINY
+    return NetConfig(height=t.image_size, width=t.image_size, c1=t.c1, c2=t.c2, hidden=t.hidden)
+
+
+def capstone_inputs(net: NetConfig, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Random inputs of one training step on the host: images float32 (batch,
+    in_channels, height, width), standard normal; labels int32 (batch,) in
+    [0, num_classes)."""
+    rng = np.random.default_rng(seed)
+    shape = (batch, net.in_channels, net.height, net.width)
+    images = rng.standard_normal(shape).astype(np.float32)
+    return images, rng.integers(0, net.num_classes, batch).astype(np.int32)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
+    rows = []
     for run in kernel_runs():
         run.run()
         run.check()
-        print(f"{run.label:<48} {run.threads:>4} threads a block  checked OK")
+        rows.append([run.label, run.threads, "checked OK"])
+    print(format_table(rows, header=["kernel", "threads a block", "check"], align="<><"))
     return 0
 
 
