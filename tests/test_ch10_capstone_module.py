@@ -22,10 +22,11 @@ from final_project.torch_twin import TorchCNN
 from final_project.train import TINY
 
 cm = load_chapter_module("10_pytorch_extensions", "capstone_module")
+bridge = load_chapter_module("10_pytorch_extensions", "bridge")
 CONFIG = NetConfig(height=8, width=8, c1=TINY.c1, c2=TINY.c2, hidden=TINY.hidden)
 LR = TINY.lr
 MAX_BATCH = 4
-DEVICE = "cpu" if common.is_simulator() else "cuda"  # where CapstoneNet's tensors live
+DEVICE = bridge.device()  # where CapstoneNet's tensors live
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +216,31 @@ def test_curve_tolerance_widens_with_the_twins_own_drift_only():
     assert curves.passed
     assert not cm.Curves([2.0, 1.91, 1.6], twin32, chaotic).passed  # 11% off: still wrong
     assert not cm.Curves([2.001, 1.9, 1.8], twin32, chaotic).passed  # first step is exact
+
+
+def test_curve_tolerance_widens_when_one_ulp_twins_land_across_a_kink():
+    # Seed 161 of the tiny network (torch 2.11 CPU): at step 2 the float32 twin
+    # lands with the float64 twin, ours on the other side of a kink that
+    # float32 rounding decides; twins started one ulp away land on both sides.
+    ours = [2.1356826, 2.5056188, 2.0913157]
+    twin32 = [2.1356826, 2.5056190, 2.0903106]
+    twin64 = [2.1356825, 2.5056188, 2.0903107]
+    assert not cm.Curves(ours, twin32, twin64).passed
+    perturbed = [[2.1356826, 2.5056188, 2.0903108], [2.1356826, 2.5056190, 2.0913157]]
+    curves = cm.Curves(ours, twin32, twin64, perturbed)
+    assert curves.float32_drift == pytest.approx((2.0913157 - 2.0903106) / 2.0903106)
+    assert curves.passed
+    assert not cm.Curves([2.1356826, 2.52, 2.0913157], twin32, twin64, perturbed).passed
+
+
+def test_one_ulp_away_moves_every_weight_exactly_one_ulp_both_ways():
+    net = cm.CapstoneNet(CONFIG, MAX_BATCH, seed=3)
+    twin = cm.twin_of(net, torch.float32)
+    before = [p.detach().clone() for p in twin.parameters()]
+    cm.one_ulp_away(twin, torch.Generator().manual_seed(0))
+    ups = downs = 0
+    for b, p in zip(before, twin.parameters()):
+        up, down = torch.nextafter(b, b + 1), torch.nextafter(b, b - 1)
+        assert torch.all((p == up) | (p == down))
+        ups, downs = ups + int((p == up).sum()), downs + int((p == down).sum())
+    assert ups > 0 and downs > 0

@@ -13,10 +13,11 @@ copies of the inputs and compared with the real output (:func:`check_fake`).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import CheckError, is_simulator
+from common import CheckError
 from common.checking import EPS32, check, random_array, rounding_tolerance
 from common.internal.exercises import Implementation, implementations, load_chapter_module
 
+import ast
 import contextlib
 import functools
 import importlib
@@ -34,7 +35,8 @@ from torch.testing._internal.optests import OpCheckError
 CHAPTER = "10_pytorch_extensions"
 bridge = load_chapter_module(CHAPTER, "bridge")
 sol = load_chapter_module(CHAPTER, "solutions")
-DEVICE = "cpu" if is_simulator() else "cuda"
+checks = load_chapter_module(CHAPTER, "operator_checks")
+DEVICE = bridge.device()
 F32, F64 = torch.float32, torch.float64
 # float32: a few roundings of O(1) values; float64: the same kernels, to ~1e-16
 TOL = {F32: 1e-5, F64: 1e-12}
@@ -96,67 +98,19 @@ class RecordingContext:
 # ------------------------------------------------------------------ launch recording
 
 
-@cuda.jit
-def _probe(x):  # only its type matters: the class every @cuda.jit kernel is
-    pass
-
-
-def kernel_name(kernel):
-    fn = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None)
-    return getattr(fn, "__name__", None) or getattr(kernel, "__name__", "?")
-
-
-class MarkedStream:
-    """What bridge.torch_stream() returns during a test: a launch that passes it
-    on is a launch on torch's stream."""
-
-
-class Launches:
-    """The kernel launches of a test, as (kernel name, launch configuration), since
-    ``seen.clear()``; ``mark``: what bridge.torch_stream() returns meanwhile."""
-
-    def __init__(self):
-        self.seen = []
-        self.mark = MarkedStream()
-
-    def check_on_torch_stream(self, what):
-        """Fails unless something was launched, every launch on bridge.torch_stream()."""
-        assert self.seen, f"{what} launched no Numba kernel"
-        for name, configuration in self.seen:
-            stream = configuration[2] if len(configuration) >= 3 else "none (the default)"
-            assert stream is self.mark, (
-                f"{what}: {name} launched on stream {stream!r}, not bridge.torch_stream()"
-            )
-
-
 @pytest.fixture
-def launches(monkeypatch):
-    """Every kernel launch in the test (:class:`Launches`).
+def launches():
+    """Every kernel launch in the test (operator_checks.LaunchLog; ``seen.clear()``
+    starts again).
 
-    bridge.torch_stream() returns a MarkedStream; the launch recorder puts the
-    real stream back before the launch goes on, so kernels run as usual. In the
-    simulator, where there are no streams, this is how a launch on Numba's
-    default stream (no stream given, cuda.default_stream(), 0) is told apart
-    from one on torch's current stream.
+    operator_checks.recorded_launches: bridge.torch_stream() returns a mark,
+    which the launch recorder swaps back for the real stream before the launch
+    goes on, so kernels run as usual. In the simulator, where there are no
+    streams, this is how a launch on Numba's default stream (no stream given,
+    cuda.default_stream(), 0) is told apart from one on torch's current stream.
     """
-    kernel_type = type(_probe)
-    launch_config = kernel_type.__getitem__
-    real_stream = bridge.torch_stream
-    recorded = Launches()
-
-    def recording_getitem(kernel, configuration):
-        recorded.seen.append((kernel_name(kernel), configuration))
-        if isinstance(configuration, tuple) and len(configuration) >= 3:
-            if configuration[2] is recorded.mark:
-                configuration = (*configuration[:2], real_stream(), *configuration[3:])
-        return launch_config(kernel, configuration)
-
-    def marked_stream():
-        return recorded.mark
-
-    monkeypatch.setattr(kernel_type, "__getitem__", recording_getitem)
-    monkeypatch.setattr(bridge, "torch_stream", marked_stream)
-    return recorded
+    with checks.recorded_launches() as log:
+        yield log
 
 
 # ------------------------------------------------- what every operator call owes
@@ -236,6 +190,36 @@ def check_fake(op, args, out, what):
             f"{what}'s fake, output {k}: {got}, expected {want} (the real output's shape and "
             "dtype, on the inputs' device: allocate with x.new_empty or device=x.device)"
         )
+
+
+# ------------------------------------------------------- exercises.py copies nothing
+
+# Defined again in exercises.py although solutions.py has them, because each
+# names this file's own functions: an operator registered in the learner's
+# namespace (with the learner's fake or autograd), and bias_relu's autograd
+# formula, which calls the learner's bias_relu_backward.
+REGISTERED_AGAIN = {"scaled_tanh", "row_sums", "brier_score", "bias_relu_grad"}
+
+
+def top_level_functions(path):
+    """{name: ast.dump of the def without its docstring} of a file's top-level functions."""
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            found[node.name] = ast.dump(ast.Module(body=[*node.decorator_list, *body]))
+    return found
+
+
+def test_exercises_import_what_is_not_an_exercise():
+    # A helper or a given kernel copied into exercises.py drifts from solutions.py's;
+    # exercises.py imports them, and holds the learner's stubs and registrations.
+    exercises = top_level_functions(Implementation(CHAPTER, "exercises").path)
+    solutions = top_level_functions(Implementation(CHAPTER, "solutions").path)
+    copies = {name for name, code in exercises.items() if solutions.get(name) == code}
+    assert copies == REGISTERED_AGAIN, f"copied from solutions.py: {copies - REGISTERED_AGAIN}"
 
 
 # ---------------------------------------------------------------- 10.1 scaled_tanh

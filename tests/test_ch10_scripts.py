@@ -5,6 +5,8 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError
 from common.internal.exercises import load_chapter_module
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -15,7 +17,7 @@ ops = load_chapter_module(CHAPTER, "ops")
 bridge = load_chapter_module(CHAPTER, "bridge")
 af = load_chapter_module(CHAPTER, "autograd_function")
 cg = load_chapter_module(CHAPTER, "compile_and_graphs")
-DEVICE = "cpu" if common.is_simulator() else "cuda"
+DEVICE = bridge.device()
 
 
 def _tensor(rng, *shape, dtype=torch.float32):
@@ -68,7 +70,7 @@ def test_autograd_function_gradcheck(rng):
     assert torch.autograd.gradcheck(af.bias_gelu_function, (x, b))
 
 
-def test_explain_custom_op_is_one_graph():
+def test_explain_custom_op_is_one_graph(capsys):
     # What Dynamo traces does not depend on the values: fixed inputs (a seed
     # sweep would repeat the same 10 s of tracing for nothing).
     inputs = cg.make_inputs(torch.Generator().manual_seed(0), DEVICE)
@@ -76,6 +78,11 @@ def test_explain_custom_op_is_one_graph():
     assert (report.graph_count, report.graph_break_count) == (1, 0)
     report = cg.explain(cg.loss_autograd_function, inputs, "autograd.Function")
     assert report.graph_break_count > 0  # traced into forward: breaks at the Numba launch
+    # each break names the file and function, not a line number that drifts
+    # with every edit (the README quotes this output)
+    breaks = [line for line in capsys.readouterr().out.splitlines() if "break:" in line]
+    assert any("(in ops.py, " in line for line in breaks), breaks
+    assert not any(re.search(r"\.py:\d", line) for line in breaks), breaks
 
 
 def test_compile_aot_eager_matches_eager(rng):

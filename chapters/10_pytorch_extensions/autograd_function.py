@@ -1,8 +1,8 @@
 """bias + GELU as a ``torch.autograd.Function``: the older route to the same kernels.
 
 ops.py registers ``course10::bias_gelu`` with ``torch.library.custom_op``. Here
-the same Numba kernels (``ops.kernels("bias_gelu", dtype)``, launched the way
-ops.py launches them) sit behind ``BiasGeluFunction``: a forward that launches
+the same Numba kernels (``ops.make_bias_gelu_kernels``, launched by ops.py's
+own launchers) sit behind ``BiasGeluFunction``: a forward that launches
 the forward kernel and saves x and b, a backward that launches the backward
 and column-sum kernels.
 
@@ -83,7 +83,7 @@ def reference(x: torch.Tensor, b: torch.Tensor, dy: torch.Tensor):
 
 def main(argv=None) -> int:
     script_parser(__doc__, "10_pytorch_extensions").parse_args(argv)  # --help; writes nothing
-    device = "cpu" if common.is_simulator() else "cuda"
+    device = bridge.device()
     g = torch.Generator().manual_seed(0)
     shapes = [(1, 1), (5, 13), (37, 21)] if common.is_simulator() else [(1, 1), (257, 1000)]
     for m, n in shapes:

@@ -38,12 +38,20 @@ Both refuse what would go wrong or slow silently: a tensor that requires grad
 was not built for, and a non-contiguous one (Numba would index it through its
 strides, right but uncoalesced, and compile the kernel again for that layout;
 pass ``t.contiguous()``).
+
+Two more things every script of the chapter needs, kept here so that each is
+written once: ``device()``, where the tensors the kernels see live (the GPU, or
+the CPU in the simulator), and ``full_float32()``, which switches TF32 off for
+torch's matmuls and convolutions while torch is the reference our float32
+kernels are checked or timed against.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import is_simulator
 
+import contextlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +60,30 @@ from numba import cuda
 _STREAMS: dict[int, Any] = {}
 _VIEWS: OrderedDict[tuple, Any] = OrderedDict()  # (address, shape, dtype, device) -> view
 VIEW_CACHE_SIZE = 256  # views kept, least recently used dropped first
+
+
+def device() -> torch.device:
+    """Where the chapter's tensors live: ``cuda``, or ``cpu`` in the simulator
+    (the one device numba_view accepts)."""
+    return torch.device("cpu" if is_simulator() else "cuda")
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """TF32 off for cuBLAS matmuls and cuDNN convolutions in the block, restored after.
+
+    Our kernels compute in float32; TF32 keeps 10 bits of mantissa, so torch
+    with it on is neither the same arithmetic nor a fair timing baseline.
+    cuDNN convolutions use TF32 by default (``torch.backends.cudnn.allow_tf32``),
+    cuBLAS matmuls do not (``torch.backends.cuda.matmul.allow_tf32``): both
+    are switched off. Without a GPU the flags change nothing.
+    """
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @torch.compiler.disable

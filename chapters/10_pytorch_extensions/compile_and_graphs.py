@@ -59,7 +59,7 @@ def loss_torch(x, w1, b1, w2, target):
     return F.cross_entropy(h @ w2, target)
 
 
-def make_inputs(generator: torch.Generator, device: str, dtype=torch.float32):
+def make_inputs(generator: torch.Generator, device: torch.device | str, dtype=torch.float32):
     """(x, w1, b1, w2, target): the weights are leaves that require grad."""
     batch, features, hidden, classes = SHAPES
     x = torch.randn(batch, features, generator=generator, dtype=dtype)
@@ -96,7 +96,8 @@ def explain(fn, inputs, label):
     )
     for reason in report.break_reasons:
         frame = reason.user_stack[-1] if reason.user_stack else None
-        where = f" (at {frame.filename.split('/')[-1]}:{frame.lineno})" if frame else ""
+        # the file and function, not the line: a line number drifts with every edit
+        where = f" (in {frame.filename.split('/')[-1]}, {frame.name})" if frame else ""
         print(f"  break: {reason.reason.strip().splitlines()[0]}{where}")
     return report
 
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
         help="torch.compile backend (default inductor; aot_eager needs no compiler)",
     )
     args = parser.parse_args(argv)
-    device = "cpu" if common.is_simulator() else "cuda"
+    device = bridge.device()
     g = torch.Generator().manual_seed(0)
     inputs = make_inputs(g, device)
 

@@ -67,7 +67,7 @@ def view_each_call(kernel, grid, stream, x, b, y, cached=True):
 
 def paths(x: torch.Tensor, b: torch.Tensor, y: torch.Tensor) -> dict:
     """name -> (callable taking no arguments, the tensor it writes its result to)."""
-    forward, _, _ = ops.kernels("bias_gelu", x.dtype)
+    forward, _, _ = ops.kernel_for(ops.make_bias_gelu_kernels, x.dtype)
     grid = (ceil_div(N, ops.THREADS), ops.grid_rows(M))
     stream = bridge.torch_stream()
     xn, bn, yn = bridge.numba_view(x), bridge.numba_view(b), bridge.numba_view(y)
@@ -136,7 +136,7 @@ def crossover(sizes: list[int], gpu_us: list[float], host_us: float) -> float | 
 
 def main(argv=None) -> int:
     args = script_parser(__doc__, "10_pytorch_extensions").parse_args(argv)
-    device = "cpu" if common.is_simulator() else "cuda"
+    device = bridge.device()
     g = torch.Generator().manual_seed(0)
     x = torch.randn(M, N, generator=g).to(device)
     b = torch.randn(N, generator=g).to(device)

@@ -15,10 +15,16 @@ kernels are built per dtype) and registrations with torch.library.opcheck.
 Every operator also gets transposed and sliced (non-contiguous) inputs, must
 launch every kernel on bridge.torch_stream(), must leave its inputs as they
 were, and its fake must match its real output's shape, dtype and device.
+
+What is not an exercise (the helpers, the kernels, launchers and argument
+checks you are given, the fake implementations you do not write) is imported
+from solutions.py, where each has its docstring: this file holds only what you
+write, and the registrations that tie it to torch. (solutions.py also holds
+the answers: read only the functions this file names.)
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, import_sibling, pick
+from common import ceil_div, import_sibling
 
 import math
 from pathlib import Path
@@ -28,86 +34,34 @@ import torch
 from numba import cuda
 
 bridge = import_sibling(__file__, "bridge")
+solutions = import_sibling(__file__, "solutions")
 
-# torch keeps one table of operator names for the whole process, and the tests
-# load this file and exercises.py side by side: naming the namespace after the
-# file ("course10_solutions", "course10_exercises") keeps their operators apart.
+# Your operators' names: "course10_exercises::...", apart from solutions.py's
+# "course10_solutions::..." (torch keeps one table of names for the process).
 NAMESPACE = f"course10_{Path(__file__).stem}"
-THREADS = pick(gpu=256, simulator=8)  # threads a block
-DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
-_KERNELS: dict = {}
-
-
-def kernel_for(make, dtype: torch.dtype):
-    """``make(np_dtype)`` for the NumPy dtype of ``dtype``, built once and cached."""
-    key = (make, dtype)
-    if key not in _KERNELS:
-        _KERNELS[key] = make(DTYPES[dtype])
-    return _KERNELS[key]
-
-
-def check_floating(t: torch.Tensor, name: str) -> None:
-    """TypeError unless ``t`` is a float32 or float64 tensor."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; the kernels take float32 or float64")
-
-
-def view(t: torch.Tensor, name: str, flat: bool = False):
-    """A Numba view of an input tensor (flattened to 1-D if ``flat``).
-
-    Inside an operator the inputs may still carry requires_grad (autograd runs
-    around us, not through us): detach() is the same memory. A non-contiguous
-    input (transposed, sliced) is copied to a contiguous one first: the kernels
-    index row-major, and a view of its storage would read the wrong elements.
-    """
-    t = t.detach().contiguous()
-    return bridge.numba_view(t.view(-1) if flat else t, name)
-
-
-def launch_elementwise(kernel, *tensors: torch.Tensor, scalar: float | None = None) -> None:
-    """One thread an element: ``kernel(*flat views, [scalar])`` over the last
-    tensor's elements, on torch's stream. The scalar goes in the tensors' dtype,
-    so a float32 kernel never computes in float64."""
-    out = tensors[-1]
-    if out.numel() == 0:
-        return
-    views = [view(t, f"arg{i}", flat=True) for i, t in enumerate(tensors)]
-    if scalar is not None:
-        views.insert(len(views) - 1, DTYPES[out.dtype](scalar))
-    kernel[ceil_div(out.numel(), THREADS), THREADS, bridge.torch_stream()](*views)
+# The helpers (ops.py's, through solutions.py): THREADS a block, a kernel
+# factory's kernels built once per dtype, the dtype check, a Numba view of an
+# input tensor, and one thread an element on torch's stream.
+DTYPES, THREADS = solutions.DTYPES, solutions.THREADS
+kernel_for, check_floating, view = solutions.kernel_for, solutions.check_floating, solutions.view
+launch_elementwise = solutions.launch_elementwise
 
 
 # ---------------------------------------------------------------- Exercise 10.1
-
-
-def make_scaled_tanh_forward(np_dtype):
-    """y[i] = a * tanh(x[i]), a thread an element."""
-
-    @cuda.jit
-    def scaled_tanh_forward(x, a, y):
-        i = cuda.grid(1)
-        if i < y.size:
-            y[i] = a * math.tanh(x[i])
-
-    return scaled_tanh_forward
+# Given: the forward kernel and its launcher, and what autograd saves (x and a).
+make_scaled_tanh_forward = solutions.make_scaled_tanh_forward
+launch_scaled_tanh = solutions.launch_scaled_tanh
+scaled_tanh_setup_context = solutions.scaled_tanh_setup_context
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scaled_tanh", mutates_args=())
 def scaled_tanh(x: torch.Tensor, a: float) -> torch.Tensor:
-    """y = a * tanh(x), x of any shape, float32 or float64; y has x's shape and dtype."""
-    check_floating(x, "x")
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    launch_elementwise(kernel_for(make_scaled_tanh_forward, x.dtype), x, y, scalar=a)
-    return y
+    """y = a * tanh(x) (launch_scaled_tanh), differentiated by your scaled_tanh_grad."""
+    return launch_scaled_tanh(x, a)
 
 
-@scaled_tanh.register_fake
-def _(x, a):
-    check_floating(x, "x")
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+scaled_tanh.register_fake(solutions.scaled_tanh_fake)
 
 
 def make_scaled_tanh_backward(np_dtype):
@@ -134,25 +88,18 @@ def scaled_tanh_backward(dy: torch.Tensor, x: torch.Tensor, a: float) -> torch.T
     launch_elementwise). TypeError for another dtype or dy and x of different
     dtypes, ValueError for different shapes.
     """
-    # scaled_tanh above is the model: check, allocate, launch, return.
+    # launch_scaled_tanh (the forward's launcher) is the model: check the
+    # arguments, allocate the output, launch_elementwise, return.
     raise NotImplementedError("Exercise 10.1: write scaled_tanh_backward")
 
 
-@scaled_tanh_backward.register_fake
-def _(dy, x, a):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def scaled_tanh_setup_context(ctx, inputs, output):
-    x, a = inputs
-    ctx.save_for_backward(x)
-    ctx.a = a  # a float, not a tensor: an attribute of ctx
+scaled_tanh_backward.register_fake(solutions.scaled_tanh_backward_fake)
 
 
 def scaled_tanh_grad(ctx, dy):
     """Exercise 10.1 (the autograd formula): (dx, None) for the inputs (x, a) of
     scaled_tanh; a is a float, so its gradient is None."""
-    # ctx holds what scaled_tanh_setup_context (above) saved.
+    # ctx holds what scaled_tanh_setup_context saved: ctx.saved_tensors == (x,), and ctx.a.
     raise NotImplementedError("Exercise 10.1: write scaled_tanh_grad")
 
 
@@ -160,43 +107,15 @@ scaled_tanh.register_autograd(scaled_tanh_grad, setup_context=scaled_tanh_setup_
 
 
 # ---------------------------------------------------------------- Exercise 10.2
-
-
-def make_row_sums(np_dtype):
-    """out[r] = sum of x[r, :], a thread a row."""
-    zero = np_dtype(0.0)
-
-    @cuda.jit
-    def row_sums_kernel(x, out):
-        r = cuda.grid(1)
-        if r < out.shape[0]:
-            acc = zero
-            for c in range(x.shape[1]):
-                acc += x[r, c]
-            out[r] = acc
-
-    return row_sums_kernel
-
-
-def check_row_sums_args(x: torch.Tensor) -> None:
-    """x (M, N) float32 or float64; TypeError/ValueError otherwise."""
-    check_floating(x, "x")
-    if x.dim() != 2:
-        raise ValueError(f"row_sums needs x (M, N), got shape {tuple(x.shape)}")
+# Given: the kernel's launcher (a thread a row) and the argument check.
+launch_row_sums = solutions.launch_row_sums
+check_row_sums_args = solutions.check_row_sums_args
 
 
 @torch.library.custom_op(f"{NAMESPACE}::row_sums", mutates_args=())
 def row_sums(x: torch.Tensor) -> torch.Tensor:
-    """out (M,) = x (M, N) summed along rows; float32 or float64, out in x's dtype."""
-    check_row_sums_args(x)
-    m = x.shape[0]
-    out = torch.empty(m, dtype=x.dtype, device=x.device)
-    if m:
-        kernel = kernel_for(make_row_sums, x.dtype)
-        kernel[ceil_div(m, THREADS), THREADS, bridge.torch_stream()](
-            view(x, "x"), bridge.numba_view(out, "out")
-        )
-    return out
+    """out (M,) = x (M, N) summed along rows (launch_row_sums), traced through your row_sums_fake."""
+    return launch_row_sums(x)
 
 
 @row_sums.register_fake
@@ -212,28 +131,9 @@ def row_sums_fake(x):
 
 
 # ---------------------------------------------------------------- Exercise 10.3
-
-
-def make_softsign(np_dtype):
-    """y[i] = x[i] / (1 + |x[i]|), a thread an element."""
-    one = np_dtype(1.0)
-
-    @cuda.jit
-    def softsign_kernel(x, y):
-        i = cuda.grid(1)
-        if i < y.size:
-            y[i] = x[i] / (one + abs(x[i]))
-
-    return softsign_kernel
-
-
-def softsign_eager(x: torch.Tensor) -> torch.Tensor:
-    """y = x / (1 + |x|), x of any shape, float32 or float64: works eagerly, but
-    torch.compile cannot trace into numba_view and the launch (graph breaks)."""
-    check_floating(x, "x")
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    launch_elementwise(kernel_for(make_softsign, x.dtype), x, y)
-    return y
+# Given: y = x / (1 + |x|) as an eager launcher, which torch.compile cannot
+# trace (numba_view and the launch break the graph).
+softsign_eager = solutions.softsign_eager
 
 
 # TODO: make softsign an operator (the decorator that scaled_tanh has, with
@@ -251,47 +151,11 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- Exercise 10.4
-
-
-def make_scale_rows(np_dtype):
-    """y[r, c] = s[r] * x[r, c], a thread an element of a row-major walk."""
-
-    @cuda.jit
-    def scale_rows_kernel(x, s, y):
-        i = cuda.grid(1)
-        n = x.shape[1]
-        if i < y.shape[0] * n:
-            r = i // n
-            c = i - r * n
-            y[r, c] = s[r] * x[r, c]
-
-    return scale_rows_kernel
-
-
-def check_scale_rows_args(x: torch.Tensor, s: torch.Tensor) -> None:
-    """x (M, N) and s (M,), one floating dtype; TypeError/ValueError otherwise."""
-    check_floating(x, "x")
-    if s.dtype != x.dtype:
-        raise TypeError(f"s has dtype {s.dtype}, x {x.dtype}: they must match")
-    if x.dim() != 2 or s.dim() != 1 or s.shape[0] != x.shape[0]:
-        raise ValueError(f"need x (M, N) and s (M,), got {tuple(x.shape)} and {tuple(s.shape)}")
-
-
-def scale_rows_default_stream(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """The bug that scale_rows (below) fixes: right numbers, wrong stream.
-
-    Launched with no stream, the kernel goes to Numba's default stream, not
-    the one torch queued the work that wrote x and s on (torch.cuda.stream,
-    CUDA graphs): it can read x before it is written.
-    """
-    check_scale_rows_args(x, s)
-    y = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if y.numel():
-        kernel = kernel_for(make_scale_rows, x.dtype)
-        kernel[ceil_div(y.numel(), THREADS), THREADS](
-            view(x, "x"), view(s, "s"), bridge.numba_view(y, "y")
-        )
-    return y
+# Given: the kernel (y[r, c] = s[r] * x[r, c], a thread an element), the
+# argument check, and the launch to fix: scale_rows_default_stream.
+make_scale_rows = solutions.make_scale_rows
+check_scale_rows_args = solutions.check_scale_rows_args
+scale_rows_default_stream = solutions.scale_rows_default_stream
 
 
 @torch.library.custom_op(f"{NAMESPACE}::scale_rows", mutates_args=())
@@ -305,22 +169,13 @@ def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     raise NotImplementedError("Exercise 10.4: write scale_rows")
 
 
-@scale_rows.register_fake
-def _(x, s):
-    check_scale_rows_args(x, s)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+scale_rows.register_fake(solutions.scale_rows_fake)
 
 
 # ---------------------------------------------------------------- Exercise 10.5
-
-
-def check_bias_relu_args(x: torch.Tensor, b: torch.Tensor) -> None:
-    """x (M, N) and b (N,), one floating dtype; TypeError/ValueError otherwise."""
-    check_floating(x, "x")
-    if b.dtype != x.dtype:
-        raise TypeError(f"b has dtype {b.dtype}, x {x.dtype}: they must match")
-    if x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1]:
-        raise ValueError(f"need x (M, N) and b (N,), got {tuple(x.shape)} and {tuple(b.shape)}")
+# Given: the argument check, and what autograd saves (x and b).
+check_bias_relu_args = solutions.check_bias_relu_args
+bias_relu_setup_context = solutions.bias_relu_setup_context
 
 
 def make_bias_relu_kernels(np_dtype):
@@ -357,10 +212,7 @@ def bias_relu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     raise NotImplementedError("Exercise 10.5: write bias_relu")
 
 
-@bias_relu.register_fake
-def _(x, b):
-    check_bias_relu_args(x, b)
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+bias_relu.register_fake(solutions.bias_relu_fake)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::bias_relu_backward", mutates_args=())
@@ -375,21 +227,11 @@ def bias_relu_backward(
     raise NotImplementedError("Exercise 10.5: write bias_relu_backward")
 
 
-@bias_relu_backward.register_fake
-def _(dy, x, b):
-    check_bias_relu_args(x, b)
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        torch.empty_like(b, memory_format=torch.contiguous_format),
-    )
-
-
-def bias_relu_setup_context(ctx, inputs, output):
-    x, b = inputs
-    ctx.save_for_backward(x, b)
+bias_relu_backward.register_fake(solutions.bias_relu_backward_fake)
 
 
 def bias_relu_grad(ctx, dy):
+    """Given: (dx, db) from your bias_relu_backward, with what bias_relu_setup_context saved."""
     x, b = ctx.saved_tensors
     return bias_relu_backward(dy.contiguous(), x, b)
 
@@ -398,108 +240,21 @@ bias_relu.register_autograd(bias_relu_grad, setup_context=bias_relu_setup_contex
 
 
 # ---------------------------------------------------------------- Exercise 10.6
-
-
-def check_brier_args(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> None:
-    """p (N, C) and w (C,) of one floating dtype, target (N,) int64; errors otherwise."""
-    check_floating(p, "p")
-    if w.dtype != p.dtype:
-        raise TypeError(f"w has dtype {w.dtype}, p {p.dtype}: they must match")
-    if target.dtype != torch.int64:
-        raise TypeError(f"target has dtype {target.dtype}; class indices are int64 (target.long())")
-    if p.dim() != 2 or target.shape != p.shape[:1] or w.shape != p.shape[1:]:
-        raise ValueError(
-            f"need p (N, C), target (N,) and w (C,), got {tuple(p.shape)}, "
-            f"{tuple(target.shape)} and {tuple(w.shape)}"
-        )
-
-
-def make_brier_kernels(np_dtype):
-    """(forward, backward) of the class-weighted Brier score.
-
-    loss[n] = sum over c of w[c] * (p[n, c] - onehot[n, c])**2, onehot[n, c] =
-    1 if c == target[n] else 0 (Brier 1950); a target outside [0, C) gives a
-    NaN loss and NaN gradients for its row.
-    """
-    zero = np_dtype(0.0)
-    one = np_dtype(1.0)
-    two = np_dtype(2.0)
-    nan = np_dtype(np.nan)
-
-    # A thread a row: the row's squared errors, weighted and added.
-    @cuda.jit
-    def brier_forward(p, target, w, loss):
-        n = cuda.grid(1)
-        if n < loss.shape[0]:
-            label = target[n]
-            acc = zero if 0 <= label < p.shape[1] else nan
-            for c in range(p.shape[1]):
-                e = p[n, c] - (one if c == label else zero)
-                acc += w[c] * e * e
-            loss[n] = acc
-
-    # A thread a column: dp[n, c] = 2 w[c] e dloss[n] down the column, and
-    # dw[c] = sum over n of dloss[n] e**2, with e = p[n, c] - onehot[n, c].
-    @cuda.jit
-    def brier_backward(dloss, p, target, w, dp, dw):
-        c = cuda.grid(1)
-        if c < p.shape[1]:
-            wc = w[c]
-            acc = zero
-            for n in range(p.shape[0]):
-                label = target[n]
-                g = dloss[n] if 0 <= label < p.shape[1] else nan
-                e = p[n, c] - (one if c == label else zero)
-                dp[n, c] = two * wc * e * g
-                acc += g * e * e
-            dw[c] = acc
-
-    return brier_forward, brier_backward
+# Given: the argument check, the forward's launcher, and the backward operator
+# brier_score_backward(dloss, p, target, w) -> (dp, dw) that brier_backward calls.
+check_brier_args = solutions.check_brier_args
+launch_brier_score = solutions.launch_brier_score
+brier_score_backward = solutions.brier_score_backward
 
 
 @torch.library.custom_op(f"{NAMESPACE}::brier_score", mutates_args=())
 def brier_score(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """loss (N,): the class-weighted Brier score of each row of p (N, C), target (N,) int64, w (C,)."""
-    check_brier_args(p, target, w)
-    loss = torch.empty(p.shape[0], dtype=p.dtype, device=p.device)
-    if loss.numel():
-        forward, _ = kernel_for(make_brier_kernels, p.dtype)
-        forward[ceil_div(loss.numel(), THREADS), THREADS, bridge.torch_stream()](
-            view(p, "p"), view(target, "target"), view(w, "w"), bridge.numba_view(loss, "loss")
-        )
-    return loss
+    """loss (N,): the class-weighted Brier score of each row of p (N, C), target (N,)
+    int64, w (C,) (launch_brier_score), differentiated by your brier_backward."""
+    return launch_brier_score(p, target, w)
 
 
-@brier_score.register_fake
-def _(p, target, w):
-    check_brier_args(p, target, w)
-    return p.new_empty(p.shape[0])
-
-
-@torch.library.custom_op(f"{NAMESPACE}::brier_score_backward", mutates_args=())
-def brier_score_backward(
-    dloss: torch.Tensor, p: torch.Tensor, target: torch.Tensor, w: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dp (N, C), dw (C,)) of brier_score, given dloss (N,)."""
-    check_brier_args(p, target, w)
-    dp = torch.empty_like(p, memory_format=torch.contiguous_format)
-    dw = torch.zeros_like(w, memory_format=torch.contiguous_format)
-    if p.numel():
-        _, backward = kernel_for(make_brier_kernels, p.dtype)
-        backward[ceil_div(p.shape[1], THREADS), THREADS, bridge.torch_stream()](
-            view(dloss, "dloss"), view(p, "p"), view(target, "target"), view(w, "w"),
-            bridge.numba_view(dp, "dp"), bridge.numba_view(dw, "dw"),
-        )  # fmt: skip
-    return dp, dw
-
-
-@brier_score_backward.register_fake
-def _(dloss, p, target, w):
-    check_brier_args(p, target, w)
-    return (
-        torch.empty_like(p, memory_format=torch.contiguous_format),
-        torch.empty_like(w, memory_format=torch.contiguous_format),
-    )
+brier_score.register_fake(solutions.brier_score_fake)
 
 
 def brier_setup_context(ctx, inputs, output):

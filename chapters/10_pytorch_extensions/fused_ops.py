@@ -3,8 +3,9 @@
 For each operator (ops.py), forward + backward as a training step runs them:
 ``torch.autograd.grad(out, inputs, grad_out)``, in three versions:
 
-* **ours**: ``ops.bias_gelu`` / ``ops.softmax_cross_entropy``, the custom ops
-  with our kernels forward and backward;
+* **ours**: ``ops.bias_gelu`` / ``ops.softmax_cross_entropy`` (the loss of
+  ``course10::softmax_cross_entropy_with_lse``), the custom ops with our
+  kernels forward and backward;
 * **torch eager**: the composite ``F.gelu(x + b)`` /
   ``F.cross_entropy(logits, target, reduction="none")``;
 * **torch.compile**: the same composite compiled (Inductor generates fused
@@ -17,7 +18,8 @@ counts the fewest bytes the operation must move: bias+GELU reads x and writes
 y forward, reads dy and x and writes dx backward (5 M N floats);
 cross-entropy reads the logits forward, reads them again and writes their
 gradient backward (3 N C floats). Two sizes each: one where the data is large
-(the kernels' speed decides) and one small (the cost of a call decides).
+(the kernels' speed decides) and one small (the cost of a call decides). Torch
+runs with TF32 off (bridge.full_float32), in float32 as our kernels do.
 
 Run: python chapters/10_pytorch_extensions/fused_ops.py
 In the simulator the checks run at tiny sizes and nothing is timed.
@@ -29,7 +31,7 @@ from common.checking import CheckError, check
 from common.harness import run_script, save_results, script_parser
 from common.internal.exercises import import_sibling
 from common.runtime import device_name
-from common.timing import benchmark, device_peaks, format_table
+from common.timing import Timing, benchmark, device_peaks, format_table
 
 from functools import partial
 
@@ -37,12 +39,9 @@ import torch
 import torch.nn.functional as F
 
 ops = import_sibling(__file__, "ops")
+bridge = import_sibling(__file__, "bridge")
 BIAS_GELU_SIZES = pick(gpu=[(16384, 8192), (512, 1024)], simulator=[(5, 11), (1, 3)])
 CROSS_ENTROPY_SIZES = pick(gpu=[(8192, 32768), (256, 1024)], simulator=[(4, 13), (1, 2)])
-
-
-def device() -> torch.device:
-    return torch.device("cpu" if is_simulator() else "cuda")
 
 
 def bias_gelu_composite(x, b):
@@ -53,8 +52,18 @@ def cross_entropy_composite(logits, target):
     return F.cross_entropy(logits, target, reduction="none")
 
 
+def bias_gelu_bytes(m, n):
+    """Fewest bytes moved: read x, write y forward; read dy and x, write dx backward."""
+    return 4 * 5 * m * n
+
+
+def cross_entropy_bytes(n, c):
+    """Fewest bytes moved: read the logits forward; read them, write dlogits backward."""
+    return 4 * 3 * n * c
+
+
 def bias_gelu_inputs(m, n, gen):
-    dev = device()
+    dev = bridge.device()
     x = torch.randn(m, n, generator=gen).to(dev).requires_grad_()
     b = torch.randn(n, generator=gen).to(dev).requires_grad_()
     dy = torch.randn(m, n, generator=gen).to(dev)
@@ -62,7 +71,7 @@ def bias_gelu_inputs(m, n, gen):
 
 
 def cross_entropy_inputs(n, c, gen):
-    dev = device()
+    dev = bridge.device()
     logits = (3 * torch.randn(n, c, generator=gen)).to(dev).requires_grad_()
     target = torch.randint(0, c, (n,), generator=gen).to(dev)
     dloss = torch.rand(n, generator=gen).to(dev) + 0.5
@@ -104,7 +113,9 @@ def check_against_float64(name, fn, composite, inputs, grad_out, tolerances) -> 
 
 def compare(op_name, ours, composite, make_inputs, sizes, nbytes_of, tolerances, peaks, gen):
     """Check and time ours, torch eager and torch.compile at each size; Timings.
-    ``tolerances(inputs, grad_out, ref)``: see check_against_float64."""
+    ``make_inputs(*size, gen)`` -> (inputs, grad_out); ``nbytes_of(*size)``: the
+    bytes a step must move; ``tolerances(*inputs, grad_out, ref)``: as
+    ops.bias_gelu_tolerances, see check_against_float64."""
     versions = {"ours (custom op)": ours, "torch eager": composite}
     if not is_simulator():
         versions["torch.compile"] = torch.compile(composite, dynamic=False)
@@ -118,7 +129,7 @@ def compare(op_name, ours, composite, make_inputs, sizes, nbytes_of, tolerances,
                 composite,
                 inputs,
                 grad_out,
-                partial(tolerances, inputs, grad_out),
+                partial(tolerances, *inputs, grad_out),
             )
             t = benchmark(
                 partial(step, fn, inputs, grad_out),
@@ -133,50 +144,63 @@ def compare(op_name, ours, composite, make_inputs, sizes, nbytes_of, tolerances,
     return results
 
 
+def compare_all(gen: torch.Generator | None = None) -> list[Timing]:
+    """Both operators at their sizes (BIAS_GELU_SIZES, CROSS_ENTROPY_SIZES): each
+    version checked against float64 torch autograd, then timed (compare), with
+    TF32 off. ``gen`` draws the inputs (default: seed 0)."""
+    gen = torch.Generator().manual_seed(0) if gen is None else gen
+    peaks = device_peaks()
+    with bridge.full_float32():
+        return compare(
+            "bias_gelu",
+            ops.bias_gelu,
+            bias_gelu_composite,
+            bias_gelu_inputs,
+            BIAS_GELU_SIZES,
+            bias_gelu_bytes,
+            ops.bias_gelu_tolerances,
+            peaks,
+            gen,
+        ) + compare(
+            "cross_entropy",
+            ops.softmax_cross_entropy,
+            cross_entropy_composite,
+            cross_entropy_inputs,
+            CROSS_ENTROPY_SIZES,
+            cross_entropy_bytes,
+            ops.cross_entropy_tolerances,
+            peaks,
+            gen,
+        )
+
+
+def report(results: list[Timing]) -> str:
+    """What main prints of compare_all's results: the largest error, the table,
+    and (GPU) each size's times against ours."""
+    worst = max(t.extra["rel_error"] for t in results)
+    lines = [
+        f"every version matches torch autograd in float64 (largest relative error {worst:.1e}; "
+        "tolerances from each kernel's float32 rounding, at least 1e-5)",
+        format_table(results, f"forward + backward, {device_name()}"),
+    ]
+    by = {(t.extra["op"], tuple(t.extra["size"]), t.extra["version"]): t for t in results}
+    timed = not is_simulator()  # the simulator times nothing
+    for op_name, size, _ in [k for k in by if timed and k[2] == "ours (custom op)"]:
+        ours = by[op_name, size, "ours (custom op)"].median_ms
+        eager = by[op_name, size, "torch eager"].median_ms
+        compiled = by[op_name, size, "torch.compile"].median_ms
+        lines.append(
+            f"{op_name} {size[0]}x{size[1]}: ours {ours:.3f} ms, torch eager {eager:.3f} ms "
+            f"({eager / ours:.2f}x ours), torch.compile {compiled:.3f} ms ({compiled / ours:.2f}x ours)"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = script_parser(__doc__, "10_pytorch_extensions")
     args = parser.parse_args(argv)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    gen = torch.Generator().manual_seed(0)
-    peaks = device_peaks()
-    results = compare(
-        "bias_gelu",
-        ops.bias_gelu,
-        bias_gelu_composite,
-        bias_gelu_inputs,
-        BIAS_GELU_SIZES,
-        lambda m, n: 4 * 5 * m * n,
-        lambda inputs, dy, ref: ops.bias_gelu_tolerances(*inputs, dy, ref),
-        peaks,
-        gen,
-    )
-    results += compare(
-        "cross_entropy",
-        ops.softmax_cross_entropy,
-        cross_entropy_composite,
-        cross_entropy_inputs,
-        CROSS_ENTROPY_SIZES,
-        lambda n, c: 4 * 3 * n * c,
-        lambda inputs, dloss, ref: ops.cross_entropy_tolerances(*inputs, dloss, ref),
-        peaks,
-        gen,
-    )
-    worst = max(t.extra["rel_error"] for t in results)
-    print(
-        f"every version matches torch autograd in float64 (largest relative error {worst:.1e}; "
-        "tolerances from each kernel's float32 rounding, at least 1e-5)"
-    )
-    print(format_table(results, f"forward + backward, {device_name()}"))
-    if not is_simulator():
-        by = {(t.extra["op"], tuple(t.extra["size"]), t.extra["version"]): t for t in results}
-        for op_name, size, _ in [k for k in by if k[2] == "ours (custom op)"]:
-            ours = by[op_name, size, "ours (custom op)"].median_ms
-            eager = by[op_name, size, "torch eager"].median_ms
-            compiled = by[op_name, size, "torch.compile"].median_ms
-            print(
-                f"{op_name} {size[0]}x{size[1]}: ours {ours:.3f} ms, torch eager {eager:.3f} ms "
-                f"({eager / ours:.2f}x ours), torch.compile {compiled:.3f} ms ({compiled / ours:.2f}x ours)"
-            )
+    results = compare_all()
+    print(report(results))
     save_results(results, args.out, "fused_ops")
     return 0
 

@@ -8,15 +8,19 @@ for b's gradient reads the gradient again). Ours: one kernel forward (read x,
 write y); backward, one kernel that recomputes x + b, writes dx and per-block
 column sums, and a small one that adds those sums into db.
 
-``course10::softmax_cross_entropy(logits, target)``: the per-row loss
-logsumexp(logits) - logits[target] for logits (N, C) and target (N,) int64,
-and its gradient (softmax - onehot) * dloss. The composite
+``course10::softmax_cross_entropy_with_lse(logits, target)``: the per-row
+loss logsumexp(logits) - logits[target] and the logsumexp itself, each (N,),
+for logits (N, C) and target (N,) int64; its gradient is
+dloss (softmax - onehot) + dlse softmax (the logsumexp's gradient is the
+softmax). ``softmax_cross_entropy`` is its loss alone, as a loss function
+returns it. The composite
 ``F.cross_entropy(logits, target, reduction="none")`` writes the whole
 log-softmax forward and, backward, a dense gradient of the NLL before the
 log-softmax backward reads it. Ours reads the logits once forward (an online
 max and sum of exponentials, Milakov and Gimelshein 2018) and saves one
-number a row (the logsumexp); backward reads the logits once more and writes
-the gradient (the fused classifier of Karpathy's llm.c does the same).
+number a row (the logsumexp, which the backward needs and the operator
+returns); backward reads the logits once more and writes the gradient (the
+fused classifier of Karpathy's llm.c does the same).
 
 Each is a ``torch.library.custom_op`` with a ``register_fake`` (shapes and
 dtypes, for torch.compile and FakeTensor) and a ``register_autograd`` whose
@@ -24,6 +28,10 @@ backward is itself a custom op running our kernels. The kernels are built per
 dtype (float32, and float64 so that ``torch.autograd.gradcheck`` can run) and
 launched on torch's current stream (bridge.py). A target outside [0, C) gives
 a NaN loss and a NaN gradient row, never a silently wrong number.
+
+The helpers every operator of the chapter uses (``kernel_for``,
+``check_floating``, ``view``) are here; solutions.py and exercises.py take them
+from this file.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
@@ -41,6 +49,38 @@ bridge = import_sibling(__file__, "bridge")
 THREADS = pick(gpu=256, simulator=8)  # threads a block, along columns
 ROW_SPLITS = pick(gpu=64, simulator=3)  # bias_gelu: row groups (blocks along y)
 DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+_KERNELS: dict = {}
+
+
+def kernel_for(make, dtype: torch.dtype):
+    """``make(np_dtype)`` for the NumPy dtype of ``dtype``, built once and cached:
+    a factory of kernels (make_bias_gelu_kernels) whose constants carry the dtype."""
+    key = (make, dtype)
+    if key not in _KERNELS:
+        _KERNELS[key] = make(DTYPES[dtype])
+    return _KERNELS[key]
+
+
+def check_floating(t: torch.Tensor, name: str) -> None:
+    """TypeError unless ``t`` is a float32 or float64 tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} has dtype {t.dtype}; the kernels take float32 or float64")
+
+
+def view(t: torch.Tensor, name: str, flat: bool = False):
+    """A Numba view of an operator's input tensor (flattened to 1-D if ``flat``).
+
+    Inside an operator the inputs may still carry requires_grad (autograd runs
+    around us, not through us): detach() is the same memory. A non-contiguous
+    input (transposed, sliced) is copied to a contiguous one first: the kernels
+    index row-major, and a view of its storage would read the wrong elements.
+    """
+    t = t.detach().contiguous()
+    return bridge.numba_view(t.view(-1) if flat else t, name)
+
 
 # ---------------------------------------------------------------- bias + GELU
 
@@ -104,7 +144,7 @@ def make_bias_gelu_kernels(np_dtype):
 # ------------------------------------------------------ softmax + cross-entropy
 
 
-def make_cross_entropy_kernels(np_dtype, BLOCK):
+def make_cross_entropy_kernels(np_dtype, BLOCK=THREADS):
     """(forward, backward) kernels for one dtype: a block of BLOCK threads a row."""
     zero = np_dtype(0.0)
     one = np_dtype(1.0)
@@ -147,49 +187,29 @@ def make_cross_entropy_kernels(np_dtype, BLOCK):
             label = target[n]
             loss[n] = total - logits[n, label] if 0 <= label < classes else nan
 
+    # dlogits = dloss (p - onehot) + dlse p, p = softmax(logits) = exp(logits - lse):
+    # the loss's gradient and the logsumexp's, in one pass over the row.
     @cuda.jit
-    def cross_entropy_backward(dloss, logits, target, lse, dlogits):
+    def cross_entropy_backward(dloss, dlse, logits, target, lse, dlogits):
         n = cuda.blockIdx.x
         label = target[n]
         classes = logits.shape[1]
         g = dloss[n] if 0 <= label < classes else nan
+        d = dlse[n]
         total = lse[n]
         for c in range(cuda.threadIdx.x, classes, BLOCK):
             p = math.exp(logits[n, c] - total)
-            dlogits[n, c] = g * (p - one) if c == label else g * p
+            dlogits[n, c] = g * (p - one) + d * p if c == label else (g + d) * p
 
     return cross_entropy_forward, cross_entropy_backward
-
-
-_KERNELS: dict = {}
-
-
-def kernels(kind: str, dtype: torch.dtype):
-    """The kernels of ``kind`` ("bias_gelu", "cross_entropy") for ``dtype``, built once."""
-    if kind not in ("bias_gelu", "cross_entropy"):
-        raise ValueError(f"unknown kernel kind {kind!r}: 'bias_gelu' or 'cross_entropy'")
-    key = (kind, dtype)
-    if key not in _KERNELS:
-        np_dtype = DTYPES[dtype]
-        _KERNELS[key] = (
-            make_bias_gelu_kernels(np_dtype)
-            if kind == "bias_gelu"
-            else make_cross_entropy_kernels(np_dtype, THREADS)
-        )
-    return _KERNELS[key]
 
 
 # ------------------------------------------------------------- argument checks
 
 
-def _floating(t: torch.Tensor, name: str) -> None:
-    if t.dtype not in DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; the kernels take float32 or float64")
-
-
 def check_bias_gelu_args(x: torch.Tensor, b: torch.Tensor) -> None:
     """x (M, N) and b (N,), one floating dtype, one device; TypeError/ValueError otherwise."""
-    _floating(x, "x")
+    check_floating(x, "x")
     if b.dtype != x.dtype:
         raise TypeError(f"b has dtype {b.dtype}, x {x.dtype}: they must match")
     if x.dim() != 2 or b.dim() != 1 or b.shape[0] != x.shape[1]:
@@ -200,7 +220,7 @@ def check_bias_gelu_args(x: torch.Tensor, b: torch.Tensor) -> None:
 
 def check_cross_entropy_args(logits: torch.Tensor, target: torch.Tensor) -> None:
     """logits (N, C) floating, target (N,) int64 on the same device; errors otherwise."""
-    _floating(logits, "logits")
+    check_floating(logits, "logits")
     if target.dtype != torch.int64:
         raise TypeError(f"target has dtype {target.dtype}; class indices are int64 (target.long())")
     if logits.dim() != 2 or target.dim() != 1 or target.shape[0] != logits.shape[0]:
@@ -209,13 +229,6 @@ def check_cross_entropy_args(logits: torch.Tensor, target: torch.Tensor) -> None
         )
     if logits.device != target.device:
         raise ValueError(f"logits are on {logits.device}, target on {target.device}")
-
-
-def view(t: torch.Tensor, name: str):
-    """A Numba view of an operator's input: detached (inside an operator the
-    inputs may still carry requires_grad; autograd runs around us, not through
-    us) and made contiguous (a copy only when it was not)."""
-    return bridge.numba_view(t.detach().contiguous(), name)
 
 
 def grid_rows(m: int) -> int:
@@ -233,7 +246,7 @@ def launch_bias_gelu_forward(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     check_bias_gelu_args(x, b)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if x.numel():
-        forward, _, _ = kernels("bias_gelu", x.dtype)
+        forward, _, _ = kernel_for(make_bias_gelu_kernels, x.dtype)
         m, n = x.shape
         forward[(ceil_div(n, THREADS), grid_rows(m)), THREADS, bridge.torch_stream()](
             view(x, "x"), view(b, "b"), bridge.numba_view(y, "y")
@@ -252,7 +265,7 @@ def launch_bias_gelu_backward(
     m, n = x.shape
     if x.numel() == 0:
         return dx, db.zero_()
-    _, backward, column_sum = kernels("bias_gelu", x.dtype)
+    _, backward, column_sum = kernel_for(make_bias_gelu_kernels, x.dtype)
     rows = grid_rows(m)
     partials = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     stream = bridge.torch_stream()
@@ -276,7 +289,7 @@ def bias_gelu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @bias_gelu.register_fake
-def _(x, b):
+def bias_gelu_fake(x, b):
     check_bias_gelu_args(x, b)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -290,7 +303,7 @@ def bias_gelu_backward(
 
 
 @bias_gelu_backward.register_fake
-def _(dy, x, b):
+def bias_gelu_backward_fake(dy, x, b):
     check_bias_gelu_args(x, b)
     return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(b)
 
@@ -329,30 +342,31 @@ def bias_gelu_tolerances(x, b, dy, ref, tol: float = 1e-5) -> tuple[float, float
     )
 
 
-def _bias_gelu_setup(ctx, inputs, output):
+def bias_gelu_setup_context(ctx, inputs, output):
     x, b = inputs
     ctx.save_for_backward(x, b)
 
 
-def _bias_gelu_grad(ctx, dy):
+def bias_gelu_grad(ctx, dy):
     x, b = ctx.saved_tensors
     return bias_gelu_backward(dy, x, b)  # view() makes dy contiguous
 
 
-bias_gelu.register_autograd(_bias_gelu_grad, setup_context=_bias_gelu_setup)
+bias_gelu.register_autograd(bias_gelu_grad, setup_context=bias_gelu_setup_context)
 
 
-@torch.library.custom_op("course10::softmax_cross_entropy", mutates_args=())
-def softmax_cross_entropy_with_lse(
+def launch_cross_entropy_forward(
     logits: torch.Tensor, target: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, logsumexp), each (N,): loss[n] = logsumexp(logits[n]) - logits[n, target[n]]."""
+    """(loss (N,), lse (N,)) of logits (N, C) and target (N,) int64 by our forward
+    kernel on torch's current stream; NaN for a row with no class (C = 0) or a
+    target outside [0, C). TypeError/ValueError as check_cross_entropy_args."""
     check_cross_entropy_args(logits, target)
     n = logits.shape[0]
     loss = torch.empty(n, dtype=logits.dtype, device=logits.device)
     lse = torch.empty(n, dtype=logits.dtype, device=logits.device)
     if n and logits.shape[1]:
-        forward, _ = kernels("cross_entropy", logits.dtype)
+        forward, _ = kernel_for(make_cross_entropy_kernels, logits.dtype)
         forward[n, THREADS, bridge.torch_stream()](
             view(logits, "logits"),
             view(target, "target"),
@@ -365,24 +379,22 @@ def softmax_cross_entropy_with_lse(
     return loss, lse
 
 
-@softmax_cross_entropy_with_lse.register_fake
-def _(logits, target):
-    check_cross_entropy_args(logits, target)
-    n = logits.shape[0]
-    return logits.new_empty(n), logits.new_empty(n)
-
-
-@torch.library.custom_op("course10::softmax_cross_entropy_backward", mutates_args=())
-def softmax_cross_entropy_backward(
-    dloss: torch.Tensor, logits: torch.Tensor, target: torch.Tensor, lse: torch.Tensor
+def launch_cross_entropy_backward(
+    dloss: torch.Tensor,
+    dlse: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
 ) -> torch.Tensor:
-    """dlogits (N, C) = dloss[n] * (softmax(logits[n]) - onehot(target[n]))."""
+    """dlogits (N, C) = dloss (softmax - onehot) + dlse softmax, row by row, by our
+    backward kernel on torch's current stream; dloss, dlse, lse (N,)."""
     check_cross_entropy_args(logits, target)
     dlogits = torch.empty_like(logits, memory_format=torch.contiguous_format)
     if logits.numel():
-        _, backward = kernels("cross_entropy", logits.dtype)
+        _, backward = kernel_for(make_cross_entropy_kernels, logits.dtype)
         backward[logits.shape[0], THREADS, bridge.torch_stream()](
             view(dloss, "dloss"),
+            view(dlse, "dlse"),
             view(logits, "logits"),
             view(target, "target"),
             view(lse, "lse"),
@@ -391,41 +403,79 @@ def softmax_cross_entropy_backward(
     return dlogits
 
 
+@torch.library.custom_op("course10::softmax_cross_entropy_with_lse", mutates_args=())
+def softmax_cross_entropy_with_lse(
+    logits: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, lse), each (N,): lse[n] = logsumexp(logits[n]) and loss[n] = lse[n] -
+    logits[n, target[n]], for logits (N, C) float32 or float64, target (N,) int64.
+    Both are differentiable: loss's gradient is softmax - onehot, lse's softmax."""
+    return launch_cross_entropy_forward(logits, target)
+
+
+@softmax_cross_entropy_with_lse.register_fake
+def softmax_cross_entropy_with_lse_fake(logits, target):
+    check_cross_entropy_args(logits, target)
+    n = logits.shape[0]
+    return logits.new_empty(n), logits.new_empty(n)
+
+
+@torch.library.custom_op("course10::softmax_cross_entropy_backward", mutates_args=())
+def softmax_cross_entropy_backward(
+    dloss: torch.Tensor,
+    dlse: torch.Tensor,
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    lse: torch.Tensor,
+) -> torch.Tensor:
+    """dlogits (N, C) = dloss (softmax(logits) - onehot(target)) + dlse softmax(logits)."""
+    return launch_cross_entropy_backward(dloss, dlse, logits, target, lse)
+
+
 @softmax_cross_entropy_backward.register_fake
-def _(dloss, logits, target, lse):
+def softmax_cross_entropy_backward_fake(dloss, dlse, logits, target, lse):
     check_cross_entropy_args(logits, target)
     return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
 
-def _ce_setup(ctx, inputs, output):
+def softmax_cross_entropy_setup_context(ctx, inputs, output):
     logits, target = inputs
     _, lse = output
     ctx.save_for_backward(logits, target, lse)
 
 
-def _ce_grad(ctx, dloss, dlse):
-    # dlse: the logsumexp is returned for the backward only; nothing downstream
-    # differentiates it (torch passes zeros or None).
+def softmax_cross_entropy_grad(ctx, dloss, dlse):
+    """(dlogits, None) for the inputs (logits, target). Autograd hands a None (or
+    zeros) for an output nothing downstream used: a loss alone has no dlse, a
+    logsumexp alone no dloss."""
     logits, target, lse = ctx.saved_tensors
-    return softmax_cross_entropy_backward(dloss, logits, target, lse), None
+    dloss = torch.zeros_like(lse) if dloss is None else dloss
+    dlse = torch.zeros_like(lse) if dlse is None else dlse
+    return softmax_cross_entropy_backward(dloss, dlse, logits, target, lse), None
 
 
-softmax_cross_entropy_with_lse.register_autograd(_ce_grad, setup_context=_ce_setup)
+softmax_cross_entropy_with_lse.register_autograd(
+    softmax_cross_entropy_grad, setup_context=softmax_cross_entropy_setup_context
+)
 
 
-def cross_entropy_tolerances(logits, target, dloss, ref, tol: float = 1e-5) -> tuple[float, float]:
+def cross_entropy_tolerances(
+    logits, target, dloss, ref, tol: float = 1e-5, dlse=None
+) -> tuple[float, float]:
     """Relative tolerances of float32 (loss, dlogits) against their float64 ``ref`` = (loss, dlogits).
 
     logits (N, C), target (N,) int64 in [0, C), dloss (N,): the inputs the
-    kernels got. In float32 the logsumexp is off by about
+    kernels got; dlse (N,): the logsumexp's upstream gradient, if it had one.
+    In float32 the logsumexp is off by about
     e = 4 eps (max |logits| + |lse|) (the subtraction of the max, exp, log,
     the add) + (C + 2) eps (the sum of C positive exponentials); then:
 
     * loss = lse - logits[target] cancels for a confident row (loss near 0):
       M = 4 (|lse| + |logits[target]|) + C + 2, in eps.
-    * dlogits = dloss (p - onehot), p = exp(logits - lse): p is off by p times
-      e + 4 eps |logits|, and p - 1 cancels where p is near 1:
-      M = |dloss| (p (e / eps + 4 |logits|) + 2 (p + onehot)).
+    * dlogits = dloss (p - onehot) + dlse p, p = exp(logits - lse): p is off by
+      p times e + 4 eps |logits|, and p - 1 cancels where p is near 1:
+      M = |dloss| (p (e / eps + 4 |logits|) + 2 (p + onehot))
+      + |dlse| (p (e / eps + 4 |logits|) + 2 p).
 
     A wrong label, a missing max or a missing term errs by O(1). Method as
     bias_gelu_tolerances (Higham, 2nd ed., sec. 2.2).
@@ -436,9 +486,10 @@ def cross_entropy_tolerances(logits, target, dloss, ref, tol: float = 1e-5) -> t
     onehot = torch.nn.functional.one_hot(target, z.shape[1]).double()
     lse_error = 4 * (z.abs().amax(1, keepdim=True) + lse.abs()) + z.shape[1] + 2
     loss_terms = 4 * (lse.abs() + z.gather(1, target[:, None]).abs()) + z.shape[1] + 2
-    grad_terms = dloss.detach().double().abs()[:, None] * (
-        p * (lse_error + 4 * z.abs()) + 2 * (p + onehot)
-    )
+    p_terms = p * (lse_error + 4 * z.abs())
+    grad_terms = dloss.detach().double().abs()[:, None] * (p_terms + 2 * (p + onehot))
+    if dlse is not None:
+        grad_terms = grad_terms + dlse.detach().double().abs()[:, None] * (p_terms + 2 * p)
     loss_ref, grad_ref = ref
     return (
         rounding_tolerance(loss_ref, loss_terms[:, 0], 1, tol),
@@ -447,6 +498,8 @@ def cross_entropy_tolerances(logits, target, dloss, ref, tol: float = 1e-5) -> t
 
 
 def softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """The per-row loss (N,), as ``F.cross_entropy(logits, target, reduction="none")``."""
+    """The per-row loss (N,) of softmax_cross_entropy_with_lse, as
+    ``F.cross_entropy(logits, target, reduction="none")`` returns it. A plain
+    function, not an operator: torch.compile sees the operator inside it."""
     loss, _ = softmax_cross_entropy_with_lse(logits, target)
     return loss

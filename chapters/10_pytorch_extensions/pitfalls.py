@@ -37,7 +37,7 @@ bridge = import_sibling(__file__, "bridge")
 def launch_forward(x, b, y, stream=None) -> None:
     """ops.py's bias_gelu forward launch on Numba views x (M, N), b (N,), y (M, N);
     ``stream=None`` launches on Numba's default stream (the pitfall)."""
-    forward, _, _ = ops.kernels("bias_gelu", torch.float32)
+    forward, _, _ = ops.kernel_for(ops.make_bias_gelu_kernels, torch.float32)
     m, n = x.shape
     grid = (ceil_div(n, ops.THREADS), ops.grid_rows(m))
     if stream is None:
@@ -101,7 +101,7 @@ def wrong_stream(trials: int) -> list[dict]:
 # ------------------------------------------------------------ pitfall 2
 
 
-def requires_grad(device: str) -> None:
+def requires_grad(device: torch.device) -> None:
     w = torch.randn(3, 5, device=device, requires_grad=True)
     try:
         bridge.numba_view(w, "w")
@@ -119,7 +119,7 @@ def requires_grad(device: str) -> None:
 # ------------------------------------------------------------ pitfall 3
 
 
-def non_contiguous(device: str, m: int, n: int) -> list[Timing]:
+def non_contiguous(device: torch.device, m: int, n: int) -> list[Timing]:
     """x = a.t() (M, N), strides (1, M): numba_view's refusal, the naive wrapper's
     numbers against float64 torch, and (GPU) its time against .contiguous()."""
     g = torch.Generator().manual_seed(0)
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     parser = script_parser(__doc__, "10_pytorch_extensions")
     parser.add_argument("--trials", type=int, default=20, help="pitfall 1: races tried (GPU)")
     args = parser.parse_args(argv)
-    device = "cpu" if common.is_simulator() else "cuda"
+    device = bridge.device()
     results: list = []
 
     print("pitfall 1: wrong stream")

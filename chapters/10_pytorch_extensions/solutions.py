@@ -1,7 +1,12 @@
-"""Chapter 10 solutions. Same functions as exercises.py, done; the tests check both."""
+"""Chapter 10 solutions. Same functions as exercises.py, done; the tests check both.
+
+exercises.py takes from this file everything that is not an exercise (the
+helpers, the kernels and launchers it is given, the argument checks, the fake
+implementations), so what a learner writes is all that differs between the two.
+"""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import ceil_div, import_sibling, pick
+from common import ceil_div, import_sibling
 
 import math
 from pathlib import Path
@@ -11,43 +16,15 @@ import torch
 from numba import cuda
 
 bridge = import_sibling(__file__, "bridge")
+ops = import_sibling(__file__, "ops")
+# ops.py's helpers: kernels built once per dtype, the dtype check, views of inputs
+DTYPES, THREADS = ops.DTYPES, ops.THREADS
+kernel_for, check_floating, view = ops.kernel_for, ops.check_floating, ops.view
 
 # torch keeps one table of operator names for the whole process, and the tests
 # load this file and exercises.py side by side: naming the namespace after the
 # file ("course10_solutions", "course10_exercises") keeps their operators apart.
 NAMESPACE = f"course10_{Path(__file__).stem}"
-THREADS = pick(gpu=256, simulator=8)  # threads a block
-DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
-
-_KERNELS: dict = {}
-
-
-def kernel_for(make, dtype: torch.dtype):
-    """``make(np_dtype)`` for the NumPy dtype of ``dtype``, built once and cached."""
-    key = (make, dtype)
-    if key not in _KERNELS:
-        _KERNELS[key] = make(DTYPES[dtype])
-    return _KERNELS[key]
-
-
-def check_floating(t: torch.Tensor, name: str) -> None:
-    """TypeError unless ``t`` is a float32 or float64 tensor."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; the kernels take float32 or float64")
-
-
-def view(t: torch.Tensor, name: str, flat: bool = False):
-    """A Numba view of an input tensor (flattened to 1-D if ``flat``).
-
-    Inside an operator the inputs may still carry requires_grad (autograd runs
-    around us, not through us): detach() is the same memory. A non-contiguous
-    input (transposed, sliced) is copied to a contiguous one first: the kernels
-    index row-major, and a view of its storage would read the wrong elements.
-    """
-    t = t.detach().contiguous()
-    return bridge.numba_view(t.view(-1) if flat else t, name)
 
 
 def launch_elementwise(kernel, *tensors: torch.Tensor, scalar: float | None = None) -> None:
@@ -78,17 +55,23 @@ def make_scaled_tanh_forward(np_dtype):
     return scaled_tanh_forward
 
 
-@torch.library.custom_op(f"{NAMESPACE}::scaled_tanh", mutates_args=())
-def scaled_tanh(x: torch.Tensor, a: float) -> torch.Tensor:
-    """y = a * tanh(x), x of any shape, float32 or float64; y has x's shape and dtype."""
+def launch_scaled_tanh(x: torch.Tensor, a: float) -> torch.Tensor:
+    """y = a * tanh(x) by make_scaled_tanh_forward's kernel; x of any shape,
+    float32 or float64 (TypeError otherwise); y has x's shape and dtype."""
     check_floating(x, "x")
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     launch_elementwise(kernel_for(make_scaled_tanh_forward, x.dtype), x, y, scalar=a)
     return y
 
 
+@torch.library.custom_op(f"{NAMESPACE}::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, a: float) -> torch.Tensor:
+    """y = a * tanh(x), x of any shape, float32 or float64; y has x's shape and dtype."""
+    return launch_scaled_tanh(x, a)
+
+
 @scaled_tanh.register_fake
-def _(x, a):
+def scaled_tanh_fake(x, a):
     check_floating(x, "x")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -128,7 +111,7 @@ def scaled_tanh_backward(dy: torch.Tensor, x: torch.Tensor, a: float) -> torch.T
 
 
 @scaled_tanh_backward.register_fake
-def _(dy, x, a):
+def scaled_tanh_backward_fake(dy, x, a):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
@@ -174,9 +157,9 @@ def check_row_sums_args(x: torch.Tensor) -> None:
         raise ValueError(f"row_sums needs x (M, N), got shape {tuple(x.shape)}")
 
 
-@torch.library.custom_op(f"{NAMESPACE}::row_sums", mutates_args=())
-def row_sums(x: torch.Tensor) -> torch.Tensor:
-    """out (M,) = x (M, N) summed along rows; float32 or float64, out in x's dtype."""
+def launch_row_sums(x: torch.Tensor) -> torch.Tensor:
+    """out (M,) = x (M, N) summed along rows by make_row_sums's kernel; float32 or
+    float64, out in x's dtype. TypeError/ValueError as check_row_sums_args."""
     check_row_sums_args(x)
     m = x.shape[0]
     out = torch.empty(m, dtype=x.dtype, device=x.device)
@@ -186,6 +169,12 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
             view(x, "x"), bridge.numba_view(out, "out")
         )
     return out
+
+
+@torch.library.custom_op(f"{NAMESPACE}::row_sums", mutates_args=())
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    """out (M,) = x (M, N) summed along rows; float32 or float64, out in x's dtype."""
+    return launch_row_sums(x)
 
 
 @row_sums.register_fake
@@ -240,7 +229,7 @@ def softsign(x: torch.Tensor) -> torch.Tensor:
 
 
 @softsign.register_fake
-def _(x):
+def softsign_fake(x):
     check_floating(x, "x")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -308,7 +297,7 @@ def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 
 @scale_rows.register_fake
-def _(x, s):
+def scale_rows_fake(x, s):
     check_scale_rows_args(x, s)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -376,7 +365,7 @@ def bias_relu(x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @bias_relu.register_fake
-def _(x, b):
+def bias_relu_fake(x, b):
     check_bias_relu_args(x, b)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
@@ -407,7 +396,7 @@ def bias_relu_backward(
 
 
 @bias_relu_backward.register_fake
-def _(dy, x, b):
+def bias_relu_backward_fake(dy, x, b):
     check_bias_relu_args(x, b)
     return (
         torch.empty_like(x, memory_format=torch.contiguous_format),
@@ -488,9 +477,9 @@ def make_brier_kernels(np_dtype):
     return brier_forward, brier_backward
 
 
-@torch.library.custom_op(f"{NAMESPACE}::brier_score", mutates_args=())
-def brier_score(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """loss (N,): the class-weighted Brier score of each row of p (N, C), target (N,) int64, w (C,)."""
+def launch_brier_score(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """loss (N,) of p (N, C), target (N,) int64, w (C,) by make_brier_kernels's
+    forward kernel; errors as check_brier_args."""
     check_brier_args(p, target, w)
     loss = torch.empty(p.shape[0], dtype=p.dtype, device=p.device)
     if loss.numel():
@@ -501,8 +490,14 @@ def brier_score(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch
     return loss
 
 
+@torch.library.custom_op(f"{NAMESPACE}::brier_score", mutates_args=())
+def brier_score(p: torch.Tensor, target: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """loss (N,): the class-weighted Brier score of each row of p (N, C), target (N,) int64, w (C,)."""
+    return launch_brier_score(p, target, w)
+
+
 @brier_score.register_fake
-def _(p, target, w):
+def brier_score_fake(p, target, w):
     check_brier_args(p, target, w)
     return p.new_empty(p.shape[0])
 
@@ -525,7 +520,7 @@ def brier_score_backward(
 
 
 @brier_score_backward.register_fake
-def _(dloss, p, target, w):
+def brier_score_backward_fake(dloss, p, target, w):
     check_brier_args(p, target, w)
     return (
         torch.empty_like(p, memory_format=torch.contiguous_format),
