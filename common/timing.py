@@ -472,20 +472,19 @@ class ReadmeFigures:
     rows: list[list[str]]
 
     def format(self) -> str:
-        """The caption, then the table with aligned columns, for printing."""
+        """The caption (wrapped at 100 columns), then the table, for printing.
+
+        Raises:
+            ValueError: a row whose length is not the header's (see :func:`format_table`).
+        """
         caption = self.caption[0].lower() + self.caption[1:]
-        lines = textwrap.wrap(
+        title = textwrap.wrap(
             f"GPU figures from {self.readme}: {caption}",
             width=100,
             subsequent_indent="  ",
             break_on_hyphens=False,
         )
-        widths = [
-            max(len(row[c]) for row in [self.header, *self.rows]) for c in range(len(self.header))
-        ]
-        for row in [self.header, *self.rows]:
-            lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        return "\n".join(lines)
+        return format_table(self.rows, "\n".join(title), header=self.header)
 
 
 def readme_figures(script: str | os.PathLike[str]) -> ReadmeFigures:

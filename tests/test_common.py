@@ -449,6 +449,23 @@ def test_write_json(tmp_path):
     assert data["meta"]["device"] == "test" and data["results"][0]["gbps"] == pytest.approx(1.0)
 
 
+def test_readme_figures_print_through_the_one_table_printer():
+    caption = "Measured on an NVIDIA H100 (n = 3, " + "every version checked; " * 4 + "end):"
+    header, rows = ["version", "ms"], [["1 naive", "2.5"], ["2 tiled", "0.75"]]
+    figures = timing.ReadmeFigures("chapters/x/README.md", "NVIDIA H100", caption, header, rows)
+    lines = figures.format().splitlines()
+    # the caption wraps at 100 columns, its later lines indented like the table's
+    assert lines[0].startswith("GPU figures from chapters/x/README.md: measured on an NVIDIA H100")
+    assert len(lines) == 5 and all(len(line) <= 100 for line in lines)
+    assert lines[1].startswith("  ") and lines[1].endswith("end):")
+    assert lines[2:] == ["  version  ms", "  1 naive  2.5", "  2 tiled  0.75"]
+    assert lines[2:] == timing.format_table(rows, header=header).splitlines()
+    # a ragged row is refused, not cut to the header's width
+    figures.rows = [["1 naive", "2.5", "a stray cell"]]
+    with pytest.raises(ValueError, match="3 cells for 2 columns"):
+        figures.format()
+
+
 @pytest.mark.gpu
 def test_device_peaks_are_plausible():
     peaks = timing.device_peaks()

@@ -53,7 +53,6 @@ from final_project.fast_model import FastCNN
 short_kernel_name = import_sibling(__file__, "kernel_names").short_kernel_name
 tools = import_sibling(__file__, "tools")
 workloads = import_sibling(__file__, "workloads")
-SAVED = tools.SAVED_DIR  # notebook.ipynb's name for it
 
 PAIRS = ("transpose", "histogram", "matmul")
 # "capstone": one training step of the capstone's fast kernels at workloads.CAPSTONE_BATCH

@@ -47,7 +47,6 @@ from numba import cuda, float32
 tools = import_sibling(__file__, "tools")
 out_of_bounds = load_chapter_module("05_first_kernels", "out_of_bounds")
 shared_memory = load_chapter_module("06_memory", "shared_memory")
-parse_report = tools.parse_report  # the log parser; notebook.ipynb calls it from here
 
 BLOCK = shared_memory.BLOCK  # 128: ch06's tile holds one element per thread
 N = 1000  # elements: 8 blocks of 128 threads, 24 of them past the end

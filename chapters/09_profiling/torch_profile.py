@@ -63,9 +63,6 @@ from final_project.model import NetConfig, NumbaCNN
 
 tools = import_sibling(__file__, "tools")
 workloads = import_sibling(__file__, "workloads")
-# GPU time per kernel and the GPU's idle time between kernels, from (name, start, end)
-# records (tools.py has them; notebook.ipynb calls them from here)
-kernel_table, launch_gaps = tools.kernel_table, tools.launch_gaps
 
 CHAPTER = "09_profiling"
 CONFIGS = ("naive", "fast", "graph")
@@ -78,7 +75,7 @@ LR = 0.05
 
 
 def format_kernel_table(rows: Sequence[tools.KernelRow], title: str, top: int = 10) -> str:
-    """The first ``top`` rows of :func:`kernel_table` (or of a range table), and
+    """The first ``top`` rows of ``tools.kernel_table`` (or of a range table), and
     one line for the rest."""
     cells = [
         [r.name, r.calls, f"{r.total_us:.1f}", f"{r.mean_us:.1f}", f"{r.percent:.1f}"]
@@ -286,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n===== {name}: train_step took {step_ms:.3f} ms on the host")
         if kernels:
             title = f"GPU time per kernel ({len(kernels)} launches and copies)"
-            print(format_kernel_table(kernel_table(kernels), title))
-            print(gap_line(launch_gaps((r.start_us, r.end_us) for r in kernels)))
+            print(format_kernel_table(tools.kernel_table(kernels), title))
+            print(gap_line(tools.launch_gaps((r.start_us, r.end_us) for r in kernels)))
             if not torch_table_printed:
                 print(f"\ntorch's own table for {name} (key_averages, by CUDA time):")
                 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10))
@@ -295,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         stage_ranges = [r for r in ranges if r.name != step]
         if sim and stage_ranges:
             title = "CPU time per range (the simulator runs each kernel's threads in it)"
-            print(format_kernel_table(kernel_table(stage_ranges), title, top=len(stage_ranges)))
+            rows = tools.kernel_table(stage_ranges)
+            print(format_kernel_table(rows, title, top=len(rows)))
         if not kernels:
             why = (
                 "the simulator runs kernels on the CPU, so there are no device events"
