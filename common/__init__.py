@@ -15,22 +15,32 @@ What a learner uses, all importable from ``common``:
   an operation; the command line every chapter script shares.
 * ``intentional_race`` -- marks a demo that races on purpose (the simulator's
   race detector reports any other race as a ``RaceError``).
-* ``BarrierError`` -- the simulator's report of a ``cuda.syncthreads()`` that not
-  every running thread of a block reaches (a barrier inside a branch).
+* :mod:`common.errors` -- what the checks raise: ``CheckError`` (a wrong
+  output), ``RaceError``, ``BarrierError`` (a ``cuda.syncthreads()`` that not
+  every running thread of a block reaches: a barrier inside a branch),
+  ``LaunchConfigError`` (a launch a GPU refuses).
 * ``python -m common.doctor`` -- is this machine able to run the course?
 * ``python -m common.progress`` -- which exercises pass.
 
 :mod:`common.internal` is the course's machinery (the simulator's extra checks,
 the race detector, the exercise loader): nothing there is needed to follow it.
+
+Import order: ``runtime`` first (it decides GPU or simulator before numba loads),
+then ``errors``, which imports nothing; no module here imports one that imports
+it back (``tests/test_common_imports.py`` checks). The simulator's checks are
+installed at the end, once, when every module is loaded.
 """
 
 # isort: off
-from .runtime import RUNTIME, ceil_div, is_simulator, jit, pick, runtime_name  # noqa: F401  (first)
-from .checking import CheckError, check, guarded, poisoned, random_array, rel_error  # noqa: F401
+from .runtime import RUNTIME, ceil_div, is_simulator, jit, pick, runtime_name, sm_count  # noqa: F401  (first)
+from .errors import BarrierError, CheckError, LaunchConfigError, RaceError  # noqa: F401
+from .checking import check, guarded, poisoned, random_array, rel_error  # noqa: F401
 from .timing import Timing, benchmark, device_peaks, format_table  # noqa: F401
 from .harness import run_versions  # noqa: F401
-from .runtime import sm_count  # noqa: F401
 from .internal.exercises import import_sibling, load_chapter_module  # noqa: F401
-from .internal.racecheck import RaceError, intentional_race  # noqa: F401
-from .internal.simulator import BarrierError  # noqa: F401
+from .internal.racecheck import intentional_race  # noqa: F401
+from .internal import simulator as _simulator
 # isort: on
+
+if is_simulator():
+    _simulator.install()

@@ -33,12 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import cuda
 
+from .errors import CheckError  # defined with the course's other errors; re-exported here
 from .runtime import is_simulator
-
-
-class CheckError(AssertionError):
-    """A kernel's output does not match its reference."""
 
 
 def _to_host(a: Any) -> np.ndarray:
@@ -74,8 +72,6 @@ def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any 
             raise TypeError(
                 f"{name} must be a device array (cuda.to_device(...)), got {type(a).__name__}"
             )
-        from numba import cuda
-
         a = cuda.as_cuda_array(a)
     if ndim is not None and a.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
@@ -391,8 +387,6 @@ def poison_value(dtype: Any) -> Any:
 
 def poisoned(shape: int | Sequence[int], dtype: Any = np.float32) -> Any:
     """A device array filled with poison (see :func:`poison_value`)."""
-    from numba import cuda
-
     return cuda.to_device(np.full(shape, poison_value(dtype), dtype=dtype))
 
 
@@ -450,8 +444,6 @@ def guarded(shape: int | Sequence[int], dtype: Any = np.float32, pad: int = 64) 
     ``g.array`` has the requested shape; after the launch, ``g.check_untouched()``
     raises if anything outside it was written.
     """
-    from numba import cuda
-
     shape_t = (shape,) if isinstance(shape, int) else tuple(shape)
     n = int(np.prod(shape_t))
     buf = cuda.to_device(np.full(n + 2 * pad, poison_value(dtype), dtype=dtype))

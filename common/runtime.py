@@ -13,7 +13,9 @@ never imports numba and costs a few milliseconds.
 
 Under the simulator, :mod:`common.internal.simulator` adds the checks a GPU
 makes and the simulator does not (launch limits, constant shared-array shapes,
-races): see that module. The helpers here are the ones learners use:
+races); ``common`` installs them once all its modules are loaded. This module
+imports no other module of the course, so any of them may import it. The
+helpers here are the ones learners use:
 :func:`pick`, :func:`ceil_div`, :func:`sm_count`, :func:`is_simulator`,
 :func:`jit`, :func:`interleaved_threads`.
 """
@@ -25,6 +27,7 @@ import ctypes
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -192,14 +195,30 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-if is_simulator():
-    from .internal import simulator as _simulator
+_interleave_depth = 0
+_interleave_lock = threading.Lock()
 
-    _simulator.install()
-    interleaved_threads = _simulator.interleaved_threads
-else:
 
-    @contextlib.contextmanager
-    def interleaved_threads() -> Iterator[None]:
-        """No effect on a GPU (see common.internal.simulator.interleaved_threads)."""
+@contextlib.contextmanager
+def interleaved_threads() -> Iterator[None]:
+    """While active, the simulator switches its CUDA threads every microsecond.
+
+    Python's default switch interval (5 ms) lets each simulated thread run long
+    stretches alone, which hides races that lose updates (a `+=` that needed
+    ``cuda.atomic.add``): chapter 05's counter demo runs inside this to show
+    them. Blocks also keep the simulator's one OS thread per CUDA thread here.
+    No effect on a GPU.
+    """
+    global _interleave_depth
+    with _interleave_lock:
+        _interleave_depth += 1
+    try:
         yield
+    finally:
+        with _interleave_lock:
+            _interleave_depth -= 1
+
+
+def interleaving() -> bool:
+    """True inside :func:`interleaved_threads` (read by the simulator's block runners)."""
+    return _interleave_depth > 0

@@ -1,9 +1,10 @@
 """The simulator made strict: the checks a GPU makes and Numba's simulator does not.
 
-Course machinery: nothing here is needed to follow the course. ``common.runtime``
-calls :func:`install` once, when the simulator is the runtime. It patches the
-simulator's private kernel and API classes (numba-cuda 0.30.x; the range is
-pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
+Course machinery: nothing here is needed to follow the course. ``common`` calls
+:func:`install` once, after all its modules are loaded, when the simulator is the
+runtime. It patches the simulator's private kernel and API classes (numba-cuda
+0.30.x; the range is pinned in pyproject.toml and checked by
+``tests/test_internal_pin.py``):
 
 * launch limits: at most 1024 threads per block (64 in z) and 48 KiB of static
   shared memory per block (CUDA C++ Programming Guide, "Technical
@@ -15,8 +16,8 @@ pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
 * every launch goes through the race detector (:mod:`.racecheck`);
 * barriers as a GPU needs them: every thread of a block that has not returned
   reaches the same ``cuda.syncthreads()`` (:class:`BarrierError`, from the
-  block runners below; under :func:`interleaved_threads` the simulator's own
-  runner is used and this is not checked);
+  block runners below; under ``common.runtime.interleaved_threads`` the
+  simulator's own runner is used and this is not checked);
 * launch configurations judged by Numba's own ``normalize_kernel_dimensions``
   first, so a bad one fails in Numba's words, then the course's hint; an empty
   ``forall`` launches nothing, as in Numba;
@@ -25,61 +26,47 @@ pinned in pyproject.toml and checked by ``tests/test_internal_pin.py``):
   thread too, the kernel rewritten as a generator that yields at each barrier
   (:func:`_run_in_turns`), or, where its source cannot be read, on one thread
   per CUDA thread meeting at a condition variable instead of the simulator's
-  busy loop; :func:`interleaved_threads` switches threads every microsecond
-  where a demo wants the old behaviour.
+  busy loop; ``common.runtime.interleaved_threads`` switches threads every
+  microsecond where a demo wants the old behaviour.
 """
 
 from __future__ import annotations
 
-import contextlib
+import ast
+import builtins
+import copy
+import inspect
+import linecache
 import numbers
+import os
 import sys
 import threading
-from collections.abc import Iterator
+import types
 from typing import Any
 
-from ..checking import CheckError
+import numpy as np
+
+from ..errors import BarrierError, LaunchConfigError  # raised here; importable from here too
 from ..runtime import (  # the GPU's limits, which learners use too
     MAX_BLOCK_DIM,
     MAX_GRID_DIM,
     MAX_STATIC_SHARED_BYTES,
     MAX_THREADS_PER_BLOCK,
+    interleaving,
 )
+from . import racecheck
 
-# A thread switch every microsecond instead of Python's default 5 ms: simulated
-# CUDA threads then interleave in the middle of read-modify-write sequences, so
-# a race (a missing cuda.syncthreads, a `+=` that needed cuda.atomic.add) shows.
+# A thread switch every microsecond instead of Python's default 5 ms, inside
+# common.runtime.interleaved_threads(): simulated CUDA threads then interleave in
+# the middle of read-modify-write sequences, so a race (a missing
+# cuda.syncthreads, a `+=` that needed cuda.atomic.add) shows.
 INTERLEAVED_SWITCH_INTERVAL_S = 1e-6
 
 # --------------------------------------------------------------------------
-# Simulator: the launch checks a GPU makes, and thread interleaving
+# Simulator: the launch checks a GPU makes
 # --------------------------------------------------------------------------
 
-_interleave_depth = 0
-_interleave_lock = threading.Lock()
 _shared_alloc_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def interleaved_threads() -> Iterator[None]:
-    """While active, simulated CUDA threads switch every microsecond.
-
-    Python's default switch interval (5 ms) lets each simulated thread run
-    long stretches alone, which hides races. Tests wrap their launches in this
-    (``tests/conftest.py`` does it for every test). No effect on a GPU.
-    """
-    global _interleave_depth
-    with _interleave_lock:
-        _interleave_depth += 1
-    try:
-        yield
-    finally:
-        with _interleave_lock:
-            _interleave_depth -= 1
-
-
-class LaunchConfigError(ValueError):
-    """A launch a real GPU would refuse (too many threads, too much shared memory)."""
 
 
 def check_launch(griddim: Any, blockdim: Any, dynamic_shared_bytes: int = 0) -> None:
@@ -134,13 +121,9 @@ _parse_lock = threading.Lock()
 
 def _parse(filename: str) -> Any:
     """The AST of ``filename`` (cached), or None when it cannot be read or parsed."""
-    import ast
-
     # Simulated threads reach this together. CPython 3.11's ast.parse is not
     # safe to run in two threads at once ("AST constructor recursion depth
     # mismatch", seen here): one thread parses a file, the others wait.
-    import linecache
-
     with _parse_lock:
         tree = _parsed_files.get(filename)
         if tree is None:
@@ -185,8 +168,6 @@ def _device_function_caller(frame: Any) -> Any:
 
 def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
     """The AST of the expression the caller passed for parameter ``name``, or None."""
-    import ast
-
     tree = _parse(caller.f_code.co_filename)
     if tree is None:
         return None
@@ -215,8 +196,6 @@ def _argument_at_call_site(name: str, frame: Any, caller: Any) -> Any:
 
 def _shape_problem(node: Any, frame: Any) -> str | None:
     """Why the AST ``node`` of an array shape is not a compile-time constant, or None."""
-    import ast
-
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return None
     if isinstance(node, ast.Tuple):
@@ -252,8 +231,6 @@ def check_constant_shape(frame: Any, what: str) -> None:
     them. An expression such as ``TILE + 1`` inside the kernel is an int64
     there and the kernel fails to compile, while the simulator would accept it.
     """
-    import ast
-
     key = (frame.f_code.co_filename, frame.f_lineno)
     caller = _device_function_caller(frame)
     # A device function's verdict depends on what its caller passes.
@@ -300,12 +277,12 @@ def _launch_nothing(*args: Any) -> None:
 
 
 def install() -> None:
-    import numpy as np
+    """Patch Numba's CUDA simulator with the checks above and the race detector;
+    a second call does nothing. Only in the simulator: numba imports its
+    simulator modules here, never on a GPU."""
     from numba.cuda.errors import normalize_kernel_dimensions
     from numba.cuda.simulator import kernel as sim_kernel
     from numba.cuda.simulator import kernelapi as sim_api
-
-    from . import racecheck
 
     kernel_cls = sim_kernel.FakeCUDAKernel
     if getattr(kernel_cls, "_course_checks", False):
@@ -344,7 +321,7 @@ def install() -> None:
         if self._device or sim_kernel._kernel_context:
             return original_call(self, *args)
         with racecheck.launch(self.fn, args):
-            if _interleave_depth == 0:
+            if not interleaving():
                 return original_call(self, *args)
             old = sys.getswitchinterval()
             sys.setswitchinterval(INTERLEAVED_SWITCH_INTERVAL_S)
@@ -369,10 +346,10 @@ def install() -> None:
         # explicitly because the simulator keys allocations on it.
         frame = sys._getframe(1)
         check_constant_shape(frame, "cuda.shared.array")
-        from numba.core import types
+        from numba.core import types as numba_types
         from numba.np import numpy_support
 
-        if isinstance(dtype, types.Type):
+        if isinstance(dtype, numba_types.Type):
             dtype = numpy_support.as_dtype(dtype)
         dtype = np.dtype(dtype)
         caller = (frame.f_code.co_filename, frame.f_lineno)
@@ -444,8 +421,6 @@ def _code_names(code: Any) -> set[str]:
 def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
     """True if ``fn`` (a kernel's Python function) or any function it can call may
     reach a barrier; True too whenever that cannot be told from the code."""
-    import types
-
     seen = set() if seen is None else seen
     if id(fn) in seen:
         return False
@@ -496,18 +471,16 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
     not need that: its threads may run in any order, one after another, in one
     thread per block, which makes naive kernels several times faster to simulate.
     Races are still found: the race detector judges accesses, not timing.
-    Under :func:`interleaved_threads` (race demonstrations) blocks keep the
-    simulator's own threads."""
+    Under ``common.runtime.interleaved_threads`` (race demonstrations) blocks keep
+    the simulator's own threads."""
     from numba.cuda.simulator.kernelapi import Dim3
-
-    from . import racecheck
 
     manager_cls = sim_kernel.BlockManager
     threaded_run = manager_cls.run
 
     def run(self: Any, grid_point: Any, *args: Any) -> Any:
         __tracebackhide__ = True
-        if _interleave_depth:
+        if interleaving():
             return threaded_run(self, grid_point, *args)
         if not _barrier_free(self._f):
             turns = _turns_version(self._f, kernel=True)
@@ -534,8 +507,6 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
                     msg = f"tid={tid} ctaid={ctaid}" + (f": {e}" if str(e) else "")
                     failure.append((type(e)(msg), sys.exc_info()[2]))
                     return
-
-        import numpy as np
 
         worker = threading.Thread(target=one_after_another, daemon=True)
         worker.syncthreads = _no_barrier  # type: ignore[attr-defined]
@@ -608,25 +579,11 @@ class _BlockBarrier:
         self.cond.notify_all()
 
 
-class BarrierError(CheckError):
-    """The threads of a block did not all reach the same ``cuda.syncthreads()``.
-
-    On a GPU, every thread of a block that has not returned must reach the same
-    barrier; a barrier inside a branch that only some threads take is undefined
-    behaviour (a hang, or wrong results), and ``compute-sanitizer --tool
-    synccheck`` reports it as a divergent barrier. The simulator's own barrier
-    waits for whichever threads are still running, so it would let such a
-    kernel pass.
-    """
-
-
 class _BarrierSite(tuple):
     """Where a thread reached a barrier: ``(file, line, kernel_line)``, the barrier's
     own line (maybe in a device function) and the kernel's line that led to it."""
 
     def where(self) -> str:
-        import os
-
         return f"{os.path.basename(self[0])}:{self[1]}"
 
 
@@ -683,8 +640,6 @@ _return_verdicts: dict[Any, Any] = {}
 
 def _definition(code: Any) -> Any:
     """The ``def`` (AST) that compiled to ``code``, from its file's source, or None."""
-    import ast
-
     tree = _parse(code.co_filename)
     if tree is None:
         return None
@@ -697,8 +652,6 @@ def _definition(code: Any) -> Any:
 
 
 def _find_returns(code: Any) -> tuple[frozenset[int], list[tuple[int, int]]] | None:
-    import ast
-
     node = _definition(code)
     if node is None:
         return None
@@ -780,10 +733,6 @@ def _run_with_barriers(manager: Any, sim_kernel: Any, grid_point: Any, args: Any
     as the simulator does, but waiting on a condition instead of being polled, and
     checking that every thread reaches the same barriers (:class:`BarrierError`)."""
     __tracebackhide__ = True
-    import numpy as np
-
-    from . import racecheck
-
     racecheck.on_block_start()
     block_dim = manager._block_dim
     points = list(np.ndindex(*block_dim))
@@ -890,9 +839,6 @@ def _turns_version(fn: Any, kernel: bool) -> Any:
 def _resolve(node: Any, fn: Any) -> Any:
     """The object a callee expression (a name or a dotted name) stands for in ``fn``,
     or raise _CannotTakeTurns."""
-    import ast
-    import builtins
-
     if isinstance(node, ast.Name):
         code = fn.__code__
         if node.id in code.co_freevars:
@@ -914,8 +860,6 @@ def _resolve(node: Any, fn: Any) -> Any:
 def _callee_kind(node: Any, fn: Any) -> str | None:
     """What calling ``node`` does with barriers: a primitive's kind ("sync",
     "count", ...), "device" (a device function that reaches one), or None."""
-    import ast
-
     name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
     if name in _PRIMITIVES:
         return _PRIMITIVES[name]
@@ -937,10 +881,6 @@ def _callee_kind(node: Any, fn: Any) -> str | None:
 
 def _make_turns_version(fn: Any, kernel: bool) -> Any:
     """See :func:`_turns_version`; raises _CannotTakeTurns."""
-    import copy
-    import inspect
-    import types
-
     code = getattr(fn, "__code__", None)
     node = _definition(code) if code is not None else None
     if node is None:
@@ -981,8 +921,6 @@ def _fingerprint(code: Any) -> tuple[Any, ...]:
 def _compile_in_closure(node: Any, code: Any, fn: Any, extra: tuple[str, ...] = ()) -> Any:
     """Compile the function definition ``node`` where ``code``'s free variables
     (and ``extra``) are free too, at its own file and lines; its code object."""
-    import ast
-
     outer = ast.FunctionDef(
         name="__course_outer__",
         args=ast.arguments(
@@ -998,7 +936,7 @@ def _compile_in_closure(node: Any, code: Any, fn: Any, extra: tuple[str, ...] = 
     for made in (outer, outer.body[1], outer.body[1].value):
         ast.copy_location(made, node)  # on the definition's lines, like the rest
     module = ast.fix_missing_locations(ast.Module(body=[outer], type_ignores=[]))
-    import __future__
+    import __future__  # the module itself, for a flag; not a future statement
 
     future = code.co_flags & __future__.annotations.compiler_flag
     compiled = compile(module, code.co_filename, "exec", flags=future, dont_inherit=True)
@@ -1019,8 +957,6 @@ class _YieldAtBarriers:
         self.is_kernel = is_kernel
 
     def visit(self, node: Any) -> Any:
-        import ast
-
         fn, is_kernel = self.fn, self.is_kernel
 
         def refuse_barriers_in(nested: Any) -> Any:
@@ -1101,10 +1037,7 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
     threads. Checks as :func:`_run_with_barriers`: threads released together
     must wait at one barrier, and none may skip one (:class:`BarrierError`)."""
     __tracebackhide__ = True
-    import numpy as np
     from numba.cuda.simulator.kernelapi import Dim3
-
-    from . import racecheck
 
     racecheck.on_block_start()
     block_dim = manager._block_dim
