@@ -10,6 +10,14 @@ prints the command that fixes each:
 * a driver older than the CUDA toolkit numba-cuda compiles with (PTX errors);
 * NVRTC, NVVM or nvJitLink missing (the CUDA toolkit pieces numba-cuda needs).
 
+It also says what the GPU lacks of what the course uses (one table,
+:data:`common.targets.FEATURES`): below the course's minimum, compute capability
+7.5, the toolkits and wheels the course installs do not build for it at all;
+below 8.0 the TF32 comparisons (chapter 07, the capstone's ``compare.py
+--torch-tf32``) show nothing.
+``python -m common.targets`` checks every kernel against each architecture's
+limits.
+
 Exit status: 0 when kernels run (on the GPU or in the simulator), 1 otherwise.
 """
 
@@ -23,6 +31,7 @@ from typing import Any
 
 # isort: off
 from . import runtime  # first: decides GPU or simulator before numba loads
+from .targets import ARCHS, MIN_CC, capability_report
 import numpy as np
 from numba import cuda
 # isort: on
@@ -207,6 +216,77 @@ def toolkit_findings() -> list[Finding]:
     return found
 
 
+def _cc_text(cc: tuple[int, int]) -> str:
+    return f"{cc[0]}.{cc[1]}"
+
+
+def minimum_line(cc: tuple[int, int] | None = None) -> str:
+    """The course's minimum compute capability and, given a GPU's, where it stands."""
+    arch = ARCHS[MIN_CC]
+    text = (
+        f"course minimum: compute capability {_cc_text(MIN_CC)} ({arch.family}: {arch.examples}; "
+        "the oldest that CUDA 13 and PyTorch's CUDA 12.8/13.0 wheels build for)"
+    )
+    if cc is None:
+        return text
+    if tuple(cc) < MIN_CC:
+        return text + f"; this GPU: {_cc_text(cc)}, below it"
+    _, missing = capability_report(cc)
+    lacks = f", lacks {len(missing)} feature(s) named below" if missing else ", has all it uses"
+    return text + f"; this GPU: {_cc_text(cc)}, meets it{lacks}"
+
+
+def capability_findings(cc: tuple[int, int]) -> list[Finding]:
+    """What a GPU of compute capability ``cc`` lacks of what the course uses.
+
+    One warning when it is below :data:`~common.targets.MIN_CC` (listing every
+    feature it lacks for that reason and what to do), then one per feature it
+    lacks above that (:data:`~common.targets.FEATURES`: which chapter, and what
+    that chapter then shows). Warnings, not fatal: kernels that compile and run
+    are the smoke test's verdict, not this one's.
+    """
+    below, missing = capability_report(cc)
+    found = []
+    if below:
+        found.append(
+            Finding(
+                f"compute capability {_cc_text(cc)} is below the course's minimum, "
+                f"{_cc_text(MIN_CC)}: " + "; ".join(below),
+                "use a GPU of compute capability 7.5 or newer (the free T4 of Google Colab or "
+                "Kaggle is 7.5), or run every chapter in the simulator (NUMBA_ENABLE_CUDASIM=1). "
+                "Untested by the course: numba-cuda[cu12] and PyTorch's CUDA 12.6 wheels "
+                "(pip install torch --index-url https://download.pytorch.org/whl/cu126) still "
+                "build for 5.0 to 7.0",
+                fatal=False,
+            )
+        )
+    for line in missing:
+        found.append(
+            Finding(
+                f"compute capability {_cc_text(cc)} has no {line}",
+                "nothing to fix: the chapter runs; its figures differ from the notes' H100 ones",
+                fatal=False,
+            )
+        )
+    return found
+
+
+def device_lines(attrs: dict[str, Any]) -> list[str]:
+    """The device part of the report: name, compute capability, the attributes."""
+    cc = attrs["compute_capability"]
+    lines = [f"device 0: {attrs['name']}  (compute capability {_cc_text(cc)}, {attrs['uuid']})"]
+    lines.append(f"  {'global memory':<42} {attrs['total_memory_bytes'] / 2**30:.1f} GiB")
+    for key, label in _ATTRIBUTES:
+        lines.append(f"  {label:<42} {_fmt_value(key, attrs.get(key))}")
+    if "theoretical_bandwidth_gbps" in attrs:
+        lines.append(
+            f"  {'theoretical memory bandwidth (GB/s)':<42} "
+            f"{attrs['theoretical_bandwidth_gbps']:,.0f}"
+        )
+    lines.append("  " + minimum_line(cc))
+    return lines
+
+
 def _classify(exc: BaseException) -> Finding:
     text = f"{type(exc).__name__}: {exc}"
     first = text.splitlines()[0][:300]
@@ -283,6 +363,7 @@ def report() -> int:
     lines.append(f"runtime: {runtime.runtime_name()} ({runtime.REASON})")
     lines.append("versions: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in vers.items()))
     findings = static_findings(vers)
+    below_minimum = False
     if runtime.is_simulator():
         lines.append("device: none -- the Numba CUDA simulator runs kernels as Python threads")
         lines.append(
@@ -290,6 +371,7 @@ def report() -> int:
             f"{runtime.MAX_THREADS_PER_BLOCK} threads per block, "
             f"{runtime.MAX_STATIC_SHARED_BYTES // 1024} KiB shared memory per block"
         )
+        lines.append("  " + minimum_line())
     else:
         try:
             attrs = device_attributes()
@@ -297,18 +379,9 @@ def report() -> int:
             findings.append(_classify(exc))
             attrs = None
         if attrs:
-            lines.append(
-                f"device 0: {attrs['name']}  (compute capability "
-                f"{attrs['compute_capability'][0]}.{attrs['compute_capability'][1]}, {attrs['uuid']})"
-            )
-            lines.append(f"  {'global memory':<42} {attrs['total_memory_bytes'] / 2**30:.1f} GiB")
-            for key, label in _ATTRIBUTES:
-                lines.append(f"  {label:<42} {_fmt_value(key, attrs.get(key))}")
-            if "theoretical_bandwidth_gbps" in attrs:
-                lines.append(
-                    f"  {'theoretical memory bandwidth (GB/s)':<42} "
-                    f"{attrs['theoretical_bandwidth_gbps']:,.0f}"
-                )
+            lines += device_lines(attrs)
+            findings += capability_findings(attrs["compute_capability"])
+            below_minimum = attrs["compute_capability"] < MIN_CC
         driver_v, toolkit_v = _driver_and_toolkit()
         lines.append(f"  {'CUDA driver version':<42} {_fmt_version(driver_v)}")
         lines.append(f"  {'CUDA toolkit (NVRTC) version':<42} {_fmt_version(toolkit_v)}")
@@ -321,14 +394,16 @@ def report() -> int:
         lines.append(("PROBLEM: " if f.fatal else "warning: ") + f.problem)
         lines.append("  fix: " + f.fix)
     ok = failure is None and not any(f.fatal for f in findings)
-    lines.append(
-        "verdict: "
-        + (
-            "ready -- kernels run on " + runtime.runtime_name()
-            if ok
-            else "kernels cannot run; apply the fixes above"
+    if not ok:
+        verdict = "kernels cannot run; apply the fixes above"
+    elif below_minimum:
+        verdict = (
+            f"kernels run, but this GPU is below the course's minimum (compute capability "
+            f"{_cc_text(MIN_CC)}): see the warning above"
         )
-    )
+    else:
+        verdict = "ready -- kernels run on " + runtime.runtime_name()
+    lines.append("verdict: " + verdict)
     print("\n".join(lines))
     return 0 if ok else 1
 
