@@ -18,6 +18,7 @@ What a learner uses, all importable from ``common``:
 * :mod:`common.errors` -- what the checks raise: ``CheckError`` (a wrong
   output), ``RaceError``, ``BarrierError`` (a ``cuda.syncthreads()`` that not
   every running thread of a block reaches: a barrier inside a branch),
+  ``DeadlockError`` (a thread spinning on a flag nothing will write),
   ``LaunchConfigError`` (a launch a GPU refuses).
 * ``python -m common.doctor`` -- is this machine able to run the course?
 * ``python -m common.progress`` -- which exercises pass.
@@ -33,7 +34,13 @@ installed at the end, once, when every module is loaded.
 
 # isort: off
 from .runtime import RUNTIME, ceil_div, is_simulator, jit, pick, runtime_name, sm_count  # noqa: F401  (first)
-from .errors import BarrierError, CheckError, LaunchConfigError, RaceError  # noqa: F401
+from .errors import (  # noqa: F401
+    BarrierError,
+    CheckError,
+    DeadlockError,
+    LaunchConfigError,
+    RaceError,
+)
 from .checking import check, guarded, poisoned, random_array, rel_error  # noqa: F401
 from .timing import Timing, benchmark, device_peaks, format_table  # noqa: F401
 from .harness import run_versions  # noqa: F401

@@ -13,10 +13,12 @@ they raise, so older imports keep working.
   and one wrote (the simulator's race detector, ``common.internal.racecheck``).
 * :class:`BarrierError` -- the threads of a block did not all reach the same
   ``cuda.syncthreads()`` (the simulator's block runners, ``common.internal.simulator``).
+* :class:`DeadlockError` -- a thread spins on an atomic read of a value that no
+  other thread will ever change (the simulator's race detector).
 * :class:`LaunchConfigError` -- a launch configuration a GPU refuses (too many
   threads per block, too much shared memory, a non-constant shared-array shape).
 
-``RaceError`` and ``BarrierError`` subclass ``CheckError``: a test that expects a
+``RaceError``, ``BarrierError`` and ``DeadlockError`` subclass ``CheckError``: a test that expects a
 broken kernel to fail its check (``pytest.raises(CheckError)``) also accepts the
 simulator finding the bug first. ``LaunchConfigError`` is a ``ValueError``, as Numba's own
 launch-configuration errors are.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["BarrierError", "CheckError", "LaunchConfigError", "RaceError"]
+__all__ = ["BarrierError", "CheckError", "DeadlockError", "LaunchConfigError", "RaceError"]
 
 
 class CheckError(AssertionError):
@@ -52,6 +54,18 @@ class BarrierError(CheckError):
     waits for whichever threads are still running, so it would let such a
     kernel pass.
     """
+
+
+class DeadlockError(CheckError):
+    """A thread waits, spinning on an atomic read, for a value nothing will write.
+
+    The simulator runs the blocks of a launch one after another, so a block can
+    only wait for blocks that started before it, and those have finished:
+    a value that has not appeared by then never will. On a GPU the kernel hangs.
+    """
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message))
 
 
 class LaunchConfigError(ValueError):

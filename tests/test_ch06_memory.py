@@ -29,6 +29,9 @@ from common.internal.float32_purity import float32_pure_launches
 from common.internal.racecheck import RaceError
 from common.runtime import ceil_div, is_simulator, pick
 
+import inspect
+import types
+
 import numpy as np
 import pytest
 from mutants import mutant
@@ -176,6 +179,38 @@ def check_scan(fn, rng, sizes=None):
         out.check_untouched()
 
 
+def _staged_tile(kernel, x, tile, flags, aggregates, prefixes):
+    """Run tile ``tile`` alone (one block, the ticket set to it) over status the
+    earlier tiles left mid-flight, as on a GPU; return out and the status after."""
+    out = cuda.to_device(np.full(x.size, -7, np.int32))
+    status = [cuda.to_device(np.asarray(a, np.int32)) for a in (flags, aggregates, prefixes)]
+    kernel[1, BLOCK](cuda.to_device(x), out, *status, cuda.to_device(np.array([tile], np.int32)))
+    return out.copy_to_host(), [a.copy_to_host() for a in status]
+
+
+def check_scan_lookback(fn, rng):
+    check_scan(fn, rng, hostile_sizes(BLOCK, rng) + [BLOCK, 2 * BLOCK])
+    # One tile whose predecessors are mid-flight: tiles 0-1 published wrong
+    # prefixes (going past tile 2 adds them), tile 2 its prefix and a wrong
+    # aggregate, tiles 3-5 their aggregates only, with wrong prefixes.
+    kernel = inspect.unwrap(fn).__globals__["lookback_scan_kernel"]  # the same file's kernel
+    tiles, me, junk = 7, 6, 1_000_003
+    x = rng.integers(-50, 51, tiles * BLOCK - 3).astype(np.int32)
+    ref = np.cumsum(x).astype(np.int32)
+    totals = np.add.reduceat(x, np.arange(0, x.size, BLOCK))
+    inclusive = np.cumsum(totals).astype(np.int32)
+    k = np.arange(tiles)
+    flags = np.where(k <= 2, sol.FLAG_PREFIX, sol.FLAG_AGGREGATE)
+    flags[me] = sol.FLAG_NONE
+    out, (flags_after, _, prefixes_after) = _staged_tile(
+        kernel, x, me, flags, np.where(k >= 3, totals, junk), np.where(k == 2, inclusive, junk)
+    )
+    check(out[me * BLOCK :], ref[me * BLOCK :], name="the last tile after a look-back")
+    assert (out[: me * BLOCK] == -7).all(), "the tile wrote outside its elements"
+    assert flags_after[me] == sol.FLAG_PREFIX, "the tile did not publish FLAG_PREFIX"
+    assert prefixes_after[me] == inclusive[me], "the tile published a wrong inclusive prefix"
+
+
 def check_stencil(fn, rng):
     with float32_pure_launches():
         for n in sizes_1d(rng):
@@ -231,6 +266,7 @@ EXERCISES = [  # (the exercise's host function, its check), in the exercises' or
     ("scan_inclusive", check_scan),
     ("stencil_1d", check_stencil),
     ("softmax_rows", check_softmax),
+    ("scan_lookback", check_scan_lookback),
 ]
 
 
@@ -557,3 +593,39 @@ def test_broken_softmax_without_barrier_fails(rng, monkeypatch):
     monkeypatch.setattr(sol, "softmax_kernel", softmax_no_tree_barrier)
     with pytest.raises(RACES):
         check_softmax(sol.softmax_rows, rng)
+
+
+def test_lookback_exercise_catches_a_prefix_published_without_its_fence(rng):
+    no_fence = mutant(
+        sol.lookback_scan_kernel,
+        (
+            "prefixes[tile] = exclusive + total\n        cuda.threadfence()\n",
+            "prefixes[tile] = exclusive + total\n",
+        ),
+        name="lookback_no_fence",
+    )
+    n = 3 * BLOCK + 5
+    x = cuda.to_device(rng.integers(-50, 51, n).astype(np.int32))
+    status = [cuda.to_device(np.zeros(3, np.int32)) for _ in range(3)]
+    with pytest.raises(RaceError, match="threadfence"):
+        no_fence[3, BLOCK](
+            x, cuda.device_array(n, np.int32), *status, cuda.to_device(np.zeros(1, np.int32))
+        )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("exclusive += prefixes[j]\n", "exclusive += aggregates[j]\n"),  # a prefix tile's aggregate
+        ("                    break\n", ""),  # walks on past the prefix
+        ("                j -= 1\n", "                j -= 2\n"),  # skips a tile
+    ],
+    ids=["aggregate-of-prefix-tile", "past-the-prefix", "skips-a-tile"],
+)
+def test_lookback_check_catches_a_wrong_walk(edit, rng):
+    wrong = mutant(sol.lookback_scan_kernel, edit)
+    launcher = types.FunctionType(
+        sol.scan_lookback.__code__, {**sol.scan_lookback.__globals__, "lookback_scan_kernel": wrong}
+    )
+    with pytest.raises(CheckError):
+        check_scan_lookback(launcher, rng)

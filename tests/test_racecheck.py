@@ -502,3 +502,41 @@ class _Null:
 
     def flush(self):
         pass
+
+
+@cuda.jit
+def _wait_for_flag(flags, out):
+    # block b waits for block b - 1's flag; nobody ever sets block 0's
+    b = cuda.blockIdx.x
+    if cuda.threadIdx.x == 0 and b > 0:
+        while cuda.atomic.add(flags, b - 1, 0) == 0:
+            pass
+        out[b] = 1
+    if cuda.threadIdx.x == 0 and b > 0:
+        cuda.atomic.exch(flags, b, 1)
+
+
+@cuda.jit
+def _ticket_in_a_loop(ticket, out):
+    # many atomics on one element in a row, each changing it: not a spin
+    if cuda.threadIdx.x == 0:
+        for _ in range(racecheck.SPIN_LIMIT + 5):
+            cuda.atomic.add(ticket, 0, 1)
+        out[0] = 1
+
+
+def test_a_spin_on_a_flag_nobody_writes_is_a_deadlock_error():
+    flags = cuda.to_device(np.zeros(3, np.int32))
+    out = cuda.to_device(np.zeros(3, np.int32))
+    with pytest.raises(
+        common.DeadlockError, match=r"block \(1,0,0\).*element \[0\].*never published"
+    ):
+        _wait_for_flag[3, 4](flags, out)
+    assert isinstance(common.DeadlockError("x"), CheckError)
+
+
+def test_atomics_that_change_the_element_are_not_a_spin():
+    ticket = cuda.to_device(np.zeros(1, np.int32))
+    out = cuda.to_device(np.zeros(1, np.int32))
+    _ticket_in_a_loop[1, 2](ticket, out)
+    assert ticket.copy_to_host()[0] == racecheck.SPIN_LIMIT + 5

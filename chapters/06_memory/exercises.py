@@ -368,3 +368,84 @@ def softmax_rows(x, out):
     if out.shape != x.shape:
         raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
     softmax_kernel[x.shape[0], BLOCK](x, out)
+
+
+# ---------------------------------------------------------------- 6.11 single-pass scan
+FLAG_NONE, FLAG_AGGREGATE, FLAG_PREFIX = 0, 1, 2
+
+
+@cuda.jit
+def lookback_scan_kernel(x, out, flags, aggregates, prefixes, ticket):
+    s = cuda.shared.array(BLOCK, int32)
+    state = cuda.shared.array(2, int32)  # [0] tile, [1] exclusive prefix
+    t = cuda.threadIdx.x
+    if t == 0:
+        state[0] = cuda.atomic.add(ticket, 0, 1)
+    cuda.syncthreads()
+    tile = state[0]
+    i = tile * BLOCK + t
+    s[t] = x[i] if i < x.size else 0
+    offset = 1
+    while offset < BLOCK:  # Hillis-Steele over the tile
+        cuda.syncthreads()
+        v = s[t - offset] if t >= offset else 0
+        cuda.syncthreads()
+        s[t] += v
+        offset *= 2
+    cuda.syncthreads()
+    if t == 0:
+        total = s[BLOCK - 1]
+        exclusive = 0
+        if tile > 0:
+            pass  # TODO publish the aggregate: aggregates[tile] = total; cuda.threadfence();
+            # then the flag, with an atomic: cuda.atomic.exch(flags, tile, FLAG_AGGREGATE)
+            pass  # TODO look back from j = tile - 1: read flags[j] with an atomic
+            # (cuda.atomic.add(flags, j, 0)); FLAG_NONE: read it again; else
+            # cuda.threadfence(), then FLAG_PREFIX: add prefixes[j] and stop,
+            # FLAG_AGGREGATE: add aggregates[j] and go on with j - 1
+        pass  # TODO publish the inclusive prefix: prefixes[tile] = exclusive + total;
+        # cuda.threadfence(); cuda.atomic.exch(flags, tile, FLAG_PREFIX)
+        state[1] = exclusive
+    cuda.syncthreads()
+    if i < out.size:
+        out[i] = s[t] + state[1]
+
+
+@cuda.jit
+def reset_status_kernel(flags, ticket):
+    i = cuda.grid(1)
+    if i < flags.size:
+        flags[i] = FLAG_NONE
+    if i == 0:
+        ticket[0] = 0
+
+
+def scan_lookback(x, out):
+    """Exercise 6.11: ``out[i] = x[0] + ... + x[i]`` (int32, wrapping) in ONE launch,
+    any length n >= 1: a single-pass scan with decoupled look-back (Merrill &
+    Garland 2016; README section 5).
+
+    A block takes tile ``ticket`` (an atomic counter: tiles go out in the order
+    blocks start) of BLOCK elements and scans it. Thread 0 then fills the TODOs:
+    publish the tile's total as its aggregate (value, ``cuda.threadfence()``,
+    flag), walk back over the tiles before it adding aggregates until one has
+    published its inclusive prefix, then publish its own inclusive prefix the same
+    way. Read flags with an atomic, and fence between reading a flag and its value.
+    The launcher, written, zeroes the status and launches one block a tile.
+
+    The checks also run your kernel on one tile whose predecessors are left
+    mid-flight (some with only an aggregate), and the race detector reports a
+    value published without its fence.
+    """
+    raise NotImplementedError("Exercise 6.11: decoupled look-back")
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    tiles = ceil_div(x.size, BLOCK)
+    flags = cuda.device_array(tiles, np.int32)
+    aggregates = cuda.device_array(tiles, np.int32)
+    prefixes = cuda.device_array(tiles, np.int32)
+    ticket = cuda.device_array(1, np.int32)
+    reset_status_kernel[ceil_div(tiles, BLOCK), BLOCK](flags, ticket)
+    lookback_scan_kernel[tiles, BLOCK](x, out, flags, aggregates, prefixes, ticket)

@@ -8,10 +8,22 @@ offset: scan-then-propagate):
   version 2 (scan_blelloch): 2 * BLOCK elements a block; an up-sweep builds
       partial sums in a tree, a down-sweep pushes prefixes back down: O(n)
       additions (work-efficient), twice the elements a thread.
+Both read the input twice and write the output twice (scan, then add offsets).
+Single pass (one launch, each element read once and written once; blocks take
+tiles of TILE = BLOCK * ITEMS elements in the order they start, from an atomic
+ticket, and pass prefixes on through status flags in global memory):
+  version 3 (scan_chained): each tile waits for its predecessor's inclusive
+      prefix: the prefixes travel down the tiles one after another.
+  version 4 (scan_lookback): decoupled look-back: a tile publishes its own total
+      (aggregate) at once, then sums the aggregates of its predecessors, a
+      window of WINDOW at a time, back to the first one whose inclusive prefix
+      is published; no tile waits for another's look-back.
 
 Source: Hillis & Steele, "Data parallel algorithms", CACM 29(12), 1986;
 G. Blelloch, "Prefix sums and their applications", CMU-CS-90-190 (1990);
-M. Harris, S. Sengupta, J. Owens, GPU Gems 3, ch. 39 (2007).
+M. Harris, S. Sengupta, J. Owens, GPU Gems 3, ch. 39 (2007);
+D. Merrill, M. Garland, "Single-pass Parallel Prefix Scan with Decoupled
+Look-back", NVIDIA Technical Report NVR-2016-002 (2016).
 
 Run: python chapters/06_memory/scan.py [--out DIR]
 """
@@ -135,16 +147,174 @@ def scan(kernel, x, out, level: int = 0) -> None:
         add_chunk_offsets[ceil_div(x.size, BLOCK), BLOCK](out, scanned, chunk)
 
 
+# ---------------------------------------------------------------- single pass
+# Status of a tile in `flags` (one int32 a tile): nothing published yet, its
+# aggregate (the sum of its own elements) in `aggregates`, or its inclusive
+# prefix (the sum of every element up to its end) in `prefixes`.
+FLAG_NONE, FLAG_AGGREGATE, FLAG_PREFIX = 0, 1, 2
+# Elements a thread: odd, so the runs of a warp's 32 threads start in 32 different
+# shared-memory banks (15 t mod 32). Fewer in the simulator: same code, smaller tiles.
+ITEMS = pick(gpu=15, simulator=3)
+WINDOW = 32  # predecessors whose flags one look-back round reads, one a thread
+
+
+def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
+    """A single-pass inclusive scan kernel ``kernel(x, out, flags, aggregates,
+    prefixes, ticket)`` over tiles of ``block * items`` int32 elements.
+
+    Launch it with ``block`` threads and one block a tile, after zeroing
+    ``flags`` (one int32 a tile) and ``ticket`` (one int32). ``decoupled``:
+    False waits for the predecessor's inclusive prefix (version 3, ``window``
+    must be 1); True looks back through the aggregates (version 4).
+    """
+    tile_size = block * items
+
+    @cuda.jit
+    def single_pass_scan(x, out, flags, aggregates, prefixes, ticket):
+        tile_s = cuda.shared.array(tile_size, int32)
+        runs = cuda.shared.array(block, int32)  # inclusive scan of the threads' run totals
+        seen = cuda.shared.array(window, int32)  # flags read in one look-back round
+        values = cuda.shared.array(window, int32)
+        # [0] tile, [1] exclusive prefix so far, [2] next predecessor to read (-1: done)
+        state = cuda.shared.array(3, int32)
+        t = cuda.threadIdx.x
+        if t == 0:
+            # Tiles go out in the order blocks start, so every predecessor of a
+            # tile has started: waiting for one cannot wait for a block that the
+            # GPU has not scheduled (blockIdx carries no such promise).
+            state[0] = cuda.atomic.add(ticket, 0, 1)
+        cuda.syncthreads()
+        tile = state[0]
+        base = tile * tile_size
+        for k in range(items):  # coalesced: consecutive threads, consecutive elements
+            i = base + k * block + t
+            tile_s[k * block + t] = x[i] if i < x.size else 0
+        cuda.syncthreads()
+        acc = 0  # each thread scans its own run of `items` consecutive elements
+        for k in range(items):
+            acc += tile_s[t * items + k]
+            tile_s[t * items + k] = acc
+        runs[t] = acc
+        offset = 1
+        while offset < block:  # Hillis-Steele over the run totals
+            cuda.syncthreads()
+            v = runs[t - offset] if t >= offset else 0
+            cuda.syncthreads()
+            runs[t] += v
+            offset *= 2
+        cuda.syncthreads()
+        if t == 0:
+            state[1] = 0
+            state[2] = tile - 1
+            if tile == 0:
+                prefixes[0] = runs[block - 1]
+                cuda.threadfence()  # the value lands before the flag that announces it
+                cuda.atomic.exch(flags, 0, FLAG_PREFIX)
+            elif decoupled:
+                aggregates[tile] = runs[block - 1]
+                cuda.threadfence()
+                cuda.atomic.exch(flags, tile, FLAG_AGGREGATE)
+        cuda.syncthreads()
+        while state[2] >= 0:  # the look-back; every thread reads state after a barrier
+            first = state[2]
+            if t < window:
+                j = first - t
+                f = FLAG_NONE
+                v = 0
+                if j >= 0:
+                    f = cuda.atomic.add(flags, j, 0)  # an atomic read: never a stale copy
+                    cuda.threadfence()  # and the value read after it is the one it announces
+                    if f == FLAG_PREFIX:
+                        v = prefixes[j]
+                    elif f == FLAG_AGGREGATE:
+                        v = aggregates[j]
+                seen[t] = f
+                values[t] = v
+            cuda.syncthreads()
+            if t == 0:
+                acc = state[1]
+                nxt = first - window
+                for w in range(window):  # nearest first; stop at a gap or a prefix
+                    f = seen[w]
+                    if f == FLAG_NONE or (f == FLAG_AGGREGATE and not decoupled):
+                        nxt = first - w  # not published yet: read it again next round
+                        break
+                    acc += values[w]
+                    if f == FLAG_PREFIX:
+                        nxt = -1
+                        break
+                state[1] = acc
+                state[2] = nxt
+            cuda.syncthreads()
+        exclusive = state[1]
+        if t == 0 and tile > 0:
+            prefixes[tile] = exclusive + runs[block - 1]
+            cuda.threadfence()
+            cuda.atomic.exch(flags, tile, FLAG_PREFIX)
+        for k in range(items):  # coalesced store; element e is in run e // items
+            e = k * block + t
+            i = base + e
+            if i < out.size:
+                r = e // items
+                out[i] = tile_s[e] + exclusive + (runs[r - 1] if r > 0 else 0)
+
+    return single_pass_scan
+
+
+# version 3: chained: a tile waits for its predecessor's inclusive prefix
+scan_chained = make_scan_single_pass(BLOCK, ITEMS, 1, decoupled=False)
+# version 4: decoupled look-back over a window of WINDOW predecessors
+scan_lookback = make_scan_single_pass(BLOCK, ITEMS, WINDOW, decoupled=True)
+
+
+@cuda.jit
+def reset_status(flags, ticket):
+    """Zero the status flags and the ticket before a single-pass scan."""
+    i = cuda.grid(1)
+    if i < flags.size:
+        flags[i] = FLAG_NONE
+    if i == 0:
+        ticket[0] = 0
+
+
+def scan_single_pass(kernel, x, out, block: int = BLOCK, items: int = ITEMS) -> None:
+    """Inclusive scan of ``x`` int32 (n,) into ``out`` int32 (n,) in one pass with
+    ``kernel`` (:data:`scan_chained`, :data:`scan_lookback`, or a kernel of
+    :func:`make_scan_single_pass` built for ``block`` and ``items``), any n >= 1.
+    Sums wrap around in int32 as the other versions' do.
+
+    Raises:
+        TypeError: not int32 device arrays.
+        ValueError: not 1-D arrays of one length.
+    """
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    tiles = ceil_div(x.size, block * items)
+    flags = launch.scratch(tiles, np.int32, "scan flags")
+    aggregates = launch.scratch(tiles, np.int32, "scan aggregates")
+    prefixes = launch.scratch(tiles, np.int32, "scan prefixes")
+    ticket = launch.scratch(1, np.int32, "scan ticket")
+    reset_status[ceil_div(tiles, BLOCK), BLOCK](flags, ticket)
+    kernel[tiles, block](x, out, flags, aggregates, prefixes, ticket)
+
+
 def run(n: int | None = None) -> list:
-    """Check and time both versions (default n = 2**26 int32, 256 MiB, on a GPU).
-    ``nbytes`` = 8 n: read the input once, write the output once."""
-    n = n or pick(gpu=1 << 26, simulator=2 * BLOCK + 9)
+    """Check and time every version (default n = 2**26 int32, 256 MiB, on a GPU).
+    ``nbytes`` = 8 n: read the input once, write the output once (what a single
+    pass moves; versions 1 and 2 move about twice that)."""
+    n = n or pick(gpu=1 << 26, simulator=BLOCK * ITEMS + 9)
     x_host = np.random.default_rng(8).integers(-100, 101, n).astype(np.int32)
     x = cuda.to_device(x_host)
     return run_versions(
         {
             "scan v1 Hillis-Steele": functools.partial(scan, scan_hillis_steele),
             "scan v2 Blelloch": functools.partial(scan, scan_blelloch),
+            "scan v3 single pass, chained": functools.partial(scan_single_pass, scan_chained),
+            "scan v4 single pass, decoupled look-back": functools.partial(
+                scan_single_pass, scan_lookback
+            ),
         },
         (x,),
         reference=scan_cpu(x_host),

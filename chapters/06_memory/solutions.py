@@ -321,3 +321,76 @@ def softmax_rows(x, out):
     if out.shape != x.shape:
         raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
     softmax_kernel[x.shape[0], BLOCK](x, out)
+
+
+# ---------------------------------------------------------------- 6.11 single-pass scan
+FLAG_NONE, FLAG_AGGREGATE, FLAG_PREFIX = 0, 1, 2
+
+
+@cuda.jit
+def lookback_scan_kernel(x, out, flags, aggregates, prefixes, ticket):
+    s = cuda.shared.array(BLOCK, int32)
+    state = cuda.shared.array(2, int32)  # [0] tile, [1] exclusive prefix
+    t = cuda.threadIdx.x
+    if t == 0:
+        state[0] = cuda.atomic.add(ticket, 0, 1)
+    cuda.syncthreads()
+    tile = state[0]
+    i = tile * BLOCK + t
+    s[t] = x[i] if i < x.size else 0
+    offset = 1
+    while offset < BLOCK:  # Hillis-Steele over the tile
+        cuda.syncthreads()
+        v = s[t - offset] if t >= offset else 0
+        cuda.syncthreads()
+        s[t] += v
+        offset *= 2
+    cuda.syncthreads()
+    if t == 0:
+        total = s[BLOCK - 1]
+        exclusive = 0
+        if tile > 0:
+            aggregates[tile] = total
+            cuda.threadfence()
+            cuda.atomic.exch(flags, tile, FLAG_AGGREGATE)
+            j = tile - 1
+            while j >= 0:
+                f = cuda.atomic.add(flags, j, 0)
+                if f == FLAG_NONE:
+                    continue  # not published yet: read it again
+                cuda.threadfence()
+                if f == FLAG_PREFIX:
+                    exclusive += prefixes[j]
+                    break
+                exclusive += aggregates[j]
+                j -= 1
+        prefixes[tile] = exclusive + total
+        cuda.threadfence()
+        cuda.atomic.exch(flags, tile, FLAG_PREFIX)
+        state[1] = exclusive
+    cuda.syncthreads()
+    if i < out.size:
+        out[i] = s[t] + state[1]
+
+
+@cuda.jit
+def reset_status_kernel(flags, ticket):
+    i = cuda.grid(1)
+    if i < flags.size:
+        flags[i] = FLAG_NONE
+    if i == 0:
+        ticket[0] = 0
+
+
+def scan_lookback(x, out):
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    tiles = ceil_div(x.size, BLOCK)
+    flags = cuda.device_array(tiles, np.int32)
+    aggregates = cuda.device_array(tiles, np.int32)
+    prefixes = cuda.device_array(tiles, np.int32)
+    ticket = cuda.device_array(1, np.int32)
+    reset_status_kernel[ceil_div(tiles, BLOCK), BLOCK](flags, ticket)
+    lookback_scan_kernel[tiles, BLOCK](x, out, flags, aggregates, prefixes, ticket)

@@ -61,7 +61,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RaceError  # defined with the course's other errors; re-exported here
+from ..errors import (  # defined with the course's other errors; re-exported here
+    DeadlockError,
+    RaceError,
+)
 
 ENABLED = os.environ.get("COURSE_RACECHECK", "1").strip() not in ("0", "off", "no", "false")
 
@@ -113,7 +116,7 @@ def intentional_race(reason: str) -> Iterator[None]:
 class _Thread:
     """What the detector knows about one simulated CUDA thread."""
 
-    __slots__ = ("block", "thread", "epoch", "fences", "acquire", "launch")
+    __slots__ = ("block", "thread", "epoch", "fences", "acquire", "launch", "spin_at", "spins")
 
     def __init__(self, block: tuple[int, int, int], thread: tuple[int, int, int]) -> None:
         self.block = block
@@ -122,6 +125,8 @@ class _Thread:
         self.fences: list[tuple[int, int]] = []  # (time, epoch) of each threadfence
         self.acquire = -1  # time of the latest atomic this thread is ordered after
         self.launch: _Launch | None = None
+        self.spin_at: tuple[int, Any] | None = None  # (address, value) of the last unchanged atomic
+        self.spins = 0  # how many atomics in a row read that value there and left it
 
     def name(self) -> str:
         b, t = self.block, self.thread
@@ -507,6 +512,57 @@ def on_atomic_done() -> None:
         launch.block(who).releases.append((who, who.epoch, now))
 
 
+# Atomics in a row that find one element at one value and leave it there before
+# a waiting thread is reported: far more than any look-back or ticket loop needs
+# when what it waits for has been written (the simulator runs a block's
+# predecessors to the end before it starts).
+SPIN_LIMIT = 1_000
+
+
+def _raw(array: Any) -> np.ndarray | None:
+    """The ndarray behind a kernel argument or a shared array in the simulator."""
+    if isinstance(array, np.ndarray):
+        return array
+    inner = getattr(array, "_item", array)
+    ary = getattr(inner, "_ary", None)
+    return ary if isinstance(ary, np.ndarray) else None
+
+
+def on_atomic_result(array: Any, index: Any, old: Any) -> None:
+    """Report a thread that spins: SPIN_LIMIT atomics in a row on one element that
+    each found ``old`` there and left it unchanged (``atomic.add(flags, j, 0)``
+    in a loop waiting for another block's flag). In the simulator that block has
+    finished (or never runs before this one ends), so the wait never ends."""
+    launch, who = _launch, _me()
+    ary = _raw(array)
+    if launch is None or who is None or ary is None:
+        return
+    addr = _address(launch, ary, index)
+    if addr is None:
+        return
+    try:
+        unchanged = bool(ary[index] == old)
+    except (TypeError, ValueError):
+        return
+    key = (addr, old.item() if hasattr(old, "item") else old)
+    if not unchanged or who.spin_at != key:
+        who.spin_at, who.spins = (key if unchanged else None), 1
+        return
+    who.spins += 1
+    if who.spins >= SPIN_LIMIT:
+        frame = sys._getframe(2)  # the kernel's line: this, the atomic wrapper, the kernel
+        element = ", ".join(str(int(i)) for i in (index if isinstance(index, tuple) else (index,)))
+        raise DeadlockError(
+            f"{who.name()} of kernel {launch.kernel} read element [{element}] "
+            f"{who.spins} times in a row with an atomic and found {key[1]!r} every "
+            f"time ({_short((frame.f_code.co_filename, frame.f_lineno))}): it waits for a value "
+            "that no thread will write. The simulator runs blocks one after another, so "
+            "every block this one could wait for has finished: the flag or ticket it "
+            "waits for was never published (a missing write, or one behind a condition "
+            "that is never true). On a GPU this kernel hangs."
+        )
+
+
 def on_block_start() -> None:
     """Shared memory is per block: a new block starts with none recorded."""
     launch = _launch
@@ -661,15 +717,23 @@ def install() -> None:
     for name in ATOMIC_METHODS:
         original = getattr(atomic_cls, name)
 
-        def atomic(self: Any, *args: Any, _original: Any = original) -> Any:
+        # compare_and_swap(array, old, val) works on array[0]; every other takes an index
+        def atomic(
+            self: Any,
+            *args: Any,
+            _original: Any = original,
+            _cas0: bool = name == "compare_and_swap",
+        ) -> Any:
             __tracebackhide__ = True
             t = threading.current_thread()
             t._race_atomic = True
             try:
-                return _original(self, *args)
+                old = _original(self, *args)
             finally:
                 t._race_atomic = False
                 on_atomic_done()
+            on_atomic_result(args[0], 0 if _cas0 else args[1], old)
+            return old
 
         setattr(atomic_cls, name, atomic)
     wrapper._course_racecheck = True
