@@ -22,11 +22,13 @@ SCRIPTS = {
     ("03_python_for_kernels", "memory_layout"): "checked against A.T (exact)",
     ("04_gpu_intro", "timing_mistakes"): "checked against the float64 closed form",
     ("04_gpu_intro", "transfer_vs_compute"): "checked against NumPy in float64",
+    ("04_gpu_intro", "unified_memory"): "is checked against NumPy in float64",
     ("05_first_kernels", "vector_add"): "is checked against the float64 reference",
     ("05_first_kernels", "indexing_2d_3d"): "checked against a float64 NumPy reference",
     ("05_first_kernels", "divergence"): "checked against a float64 reference",
     ("05_first_kernels", "atomics_counter"): "right answer",
     ("05_first_kernels", "out_of_bounds"): "output right, guard cells untouched",
+    ("05_first_kernels", "grid_sync"): "checked against the float64 NumPy reference",
 }
 IDS = [script for _, script in SCRIPTS]
 
