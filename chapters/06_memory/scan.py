@@ -125,6 +125,15 @@ def add_chunk_offsets(out, scanned_sums, chunk):
             out[i] += scanned_sums[b - 1]
 
 
+def _scan_arrays(x, out):
+    """``x`` and ``out`` checked: int32 device arrays, 1-D, one length."""
+    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
+    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
+    if out.shape != x.shape:
+        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    return x, out
+
+
 def scan(kernel, x, out, level: int = 0) -> None:
     """Inclusive scan of ``x`` int32 (n,) into ``out`` int32 (n,) with ``kernel``
     (:func:`scan_hillis_steele` or :func:`scan_blelloch`), any n >= 1.
@@ -133,10 +142,7 @@ def scan(kernel, x, out, level: int = 0) -> None:
         TypeError: not int32 device arrays.
         ValueError: not 1-D arrays of one length.
     """
-    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
-    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
-    if out.shape != x.shape:
-        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    x, out = _scan_arrays(x, out)
     chunk = CHUNK if kernel is scan_blelloch else BLOCK
     blocks = ceil_div(x.size, chunk)
     sums = launch.scratch(blocks, np.int32, f"scan sums {level}")
@@ -153,12 +159,22 @@ def scan(kernel, x, out, level: int = 0) -> None:
 # prefix (the sum of every element up to its end) in `prefixes`.
 FLAG_NONE, FLAG_AGGREGATE, FLAG_PREFIX = 0, 1, 2
 # Elements a thread: odd, so the runs of a warp's 32 threads start in 32 different
-# shared-memory banks (15 t mod 32). Fewer in the simulator: same code, smaller tiles.
-ITEMS = pick(gpu=15, simulator=3)
+# shared-memory banks (35 t mod 32), and a multiple of LOADS. Fewer in the
+# simulator: same code, smaller tiles.
+ITEMS = pick(gpu=35, simulator=5)
+# Loads a thread has in flight: the load loop's body issues LOADS loads before it
+# stores the first (the README's scan section measures what that gains).
+LOADS = 5
 WINDOW = 32  # predecessors whose flags one look-back round reads, one a thread
+# A look-back round that found a predecessor unpublished waits this long before
+# reading again: every read is an atomic in L2, and tiles polling without a
+# pause take L2 bandwidth from the loads and stores of the tiles that work.
+BACKOFF_NS = 100
 
 
-def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
+def make_scan_single_pass(
+    block: int, items: int, window: int, decoupled: bool, backoff_ns: int = BACKOFF_NS
+):
     """A single-pass inclusive scan kernel ``kernel(x, out, flags, aggregates,
     prefixes, ticket)`` over tiles of ``block * items`` int32 elements.
 
@@ -166,7 +182,11 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
     ``flags`` (one int32 a tile) and ``ticket`` (one int32). ``decoupled``:
     False waits for the predecessor's inclusive prefix (version 3, ``window``
     must be 1); True looks back through the aggregates (version 4).
+    ``backoff_ns``: the pause before reading again after a round found a
+    predecessor unpublished (0: none).
     """
+    if items % LOADS:
+        raise ValueError(f"items must be a multiple of LOADS={LOADS}, got {items}")
     tile_size = block * items
 
     @cuda.jit
@@ -175,8 +195,9 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
         runs = cuda.shared.array(block, int32)  # inclusive scan of the threads' run totals
         seen = cuda.shared.array(window, int32)  # flags read in one look-back round
         values = cuda.shared.array(window, int32)
-        # [0] tile, [1] exclusive prefix so far, [2] next predecessor to read (-1: done)
-        state = cuda.shared.array(3, int32)
+        # [0] tile, [1] exclusive prefix so far, [2] next predecessor to read (-1: done),
+        # [3] 1 if the last round stopped at an unpublished predecessor
+        state = cuda.shared.array(4, int32)
         t = cuda.threadIdx.x
         if t == 0:
             # Tiles go out in the order blocks start, so every predecessor of a
@@ -186,9 +207,20 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
         cuda.syncthreads()
         tile = state[0]
         base = tile * tile_size
-        for k in range(items):  # coalesced: consecutive threads, consecutive elements
-            i = base + k * block + t
-            tile_s[k * block + t] = x[i] if i < x.size else 0
+        n = x.size
+        for k in range(0, items, LOADS):  # coalesced: consecutive threads, consecutive elements
+            e = k * block + t
+            i = base + e
+            v0 = x[i] if i < n else 0  # five independent loads, then five stores
+            v1 = x[i + block] if i + block < n else 0
+            v2 = x[i + 2 * block] if i + 2 * block < n else 0
+            v3 = x[i + 3 * block] if i + 3 * block < n else 0
+            v4 = x[i + 4 * block] if i + 4 * block < n else 0
+            tile_s[e] = v0
+            tile_s[e + block] = v1
+            tile_s[e + 2 * block] = v2
+            tile_s[e + 3 * block] = v3
+            tile_s[e + 4 * block] = v4
         cuda.syncthreads()
         acc = 0  # each thread scans its own run of `items` consecutive elements
         for k in range(items):
@@ -206,6 +238,7 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
         if t == 0:
             state[1] = 0
             state[2] = tile - 1
+            state[3] = 0
             if tile == 0:
                 prefixes[0] = runs[block - 1]
                 cuda.threadfence()  # the value lands before the flag that announces it
@@ -222,6 +255,8 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
                 f = FLAG_NONE
                 v = 0
                 if j >= 0:
+                    if backoff_ns > 0 and state[3] != 0:
+                        cuda.nanosleep(backoff_ns)
                     f = cuda.atomic.add(flags, j, 0)  # an atomic read: never a stale copy
                     cuda.threadfence()  # and the value read after it is the one it announces
                     if f == FLAG_PREFIX:
@@ -234,10 +269,12 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
             if t == 0:
                 acc = state[1]
                 nxt = first - window
+                state[3] = 0
                 for w in range(window):  # nearest first; stop at a gap or a prefix
                     f = seen[w]
                     if f == FLAG_NONE or (f == FLAG_AGGREGATE and not decoupled):
                         nxt = first - w  # not published yet: read it again next round
+                        state[3] = 1
                         break
                     acc += values[w]
                     if f == FLAG_PREFIX:
@@ -254,7 +291,7 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
         for k in range(items):  # coalesced store; element e is in run e // items
             e = k * block + t
             i = base + e
-            if i < out.size:
+            if i < n:
                 r = e // items
                 out[i] = tile_s[e] + exclusive + (runs[r - 1] if r > 0 else 0)
 
@@ -287,10 +324,7 @@ def scan_single_pass(kernel, x, out, block: int = BLOCK, items: int = ITEMS) -> 
         TypeError: not int32 device arrays.
         ValueError: not 1-D arrays of one length.
     """
-    x = require_device_array(x, "x", ndim=1, dtype=np.int32)
-    out = require_device_array(out, "out", ndim=1, dtype=np.int32)
-    if out.shape != x.shape:
-        raise ValueError(f"x and out must have one length, got {x.shape} and {out.shape}")
+    x, out = _scan_arrays(x, out)
     tiles = ceil_div(x.size, block * items)
     flags = launch.scratch(tiles, np.int32, "scan flags")
     aggregates = launch.scratch(tiles, np.int32, "scan aggregates")
