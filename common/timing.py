@@ -460,9 +460,9 @@ class ReadmeFigures:
     """One table of GPU figures from a chapter README, markdown stripped.
 
     ``readme`` is the README's path relative to the repository, ``gpu`` the GPU
-    the figures were measured on ("NVIDIA H200"), ``caption`` the paragraph that
-    heads the table (what was measured, at which sizes), ``header`` and ``rows``
-    the table's cells.
+    the figures were measured on ("NVIDIA H100 80GB HBM3"), ``caption`` the
+    paragraph that heads the table (what was measured, at which sizes), ``header``
+    and ``rows`` the table's cells.
     """
 
     readme: str

@@ -13,8 +13,8 @@ CHAPTER = "01_ecosystem"
 
 
 def _cases(rng):
-    # (flops, nbytes, TFLOP/s, GB/s): vector add, SGEMM 4096 on an H200, and random ones.
-    cases = [(1e6, 12e6, 51.0, 4200.0), (2 * 4096**3, 3 * 4 * 4096**2, 51.0, 4200.0)]
+    # (flops, nbytes, TFLOP/s, GB/s): vector add, SGEMM 4096 on an H100, and random ones.
+    cases = [(1e6, 12e6, 51.7, 3014.0), (2 * 4096**3, 3 * 4 * 4096**2, 51.7, 3014.0)]
     for _ in range(10):
         cases.append(
             tuple(

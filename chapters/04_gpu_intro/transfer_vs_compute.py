@@ -162,7 +162,7 @@ def main(argv=None):
     if not rows:
         print(f"({SIMULATOR_NOTE}, so no plot)")
         print(readme_figures(__file__).format())
-        plot_file = Path(__file__).resolve().with_name("transfer_vs_compute_h200.png")
+        plot_file = Path(__file__).resolve().with_name("transfer_vs_compute_h100.png")
         print(f"  the plot of that run: {plot_file.relative_to(REPO_ROOT)}")
         return 0
     print(f"  {'op':<11} {'n':>12} {'CPU ms':>9} {'H2D ms':>9} {'kernel ms':>10} {'D2H ms':>9}")
