@@ -11,11 +11,14 @@ tables) and checks every kernel the course launches against each of them:
    memory. The GPU run matters: the fast capstone picks GPU tiles there
    (``pick(gpu=..., simulator=...)``), not the simulator's 8-thread ones.
 2. **compile** each recorded kernel for 7.5, 8.0, 8.6, 8.9 and 9.0: the same
-   LLVM IR numba-cuda launched, through NVVM to PTX for that architecture
-   (``CUDACodeLibrary.get_asm_strs(cc=...)``), then nvJitLink to a cubin with
-   ptxas's verbose report (registers, stack frame, spills: what ``ptxas -v``
-   prints); the static shared memory is what the PTX declares. No GPU of those
-   architectures is needed.
+   LLVM IR numba-cuda launched, through NVVM for that architecture (to LTO-IR
+   for a kernel numba-cuda links with LTO, its default where nvJitLink is
+   installed, else to PTX: ``CUDACodeLibrary._link_all``), then nvJitLink to a
+   cubin with ptxas's verbose report (registers, stack frame, spills: what
+   ``ptxas -v`` prints) and its cache off (a link nvJitLink has cached, on a
+   machine with a driver, returns the cubin without running ptxas, so without
+   a report); the static shared memory is what the PTX declares. No GPU of
+   those architectures is needed.
 3. **check** each against :data:`ARCHS` with the largest block it was launched
    with (:func:`check_kernel`): threads per block, registers per block
    (registers x threads, allocated per warp in units of 256), static + dynamic
@@ -385,7 +388,16 @@ def parse_link_log(log: str, entry: str) -> Usage:
             if u := _LINKED_USED.search(lines[i + 1]):
                 registers = int(u.group(1))
     if not found:
-        raise LogFormatError(f"no ptxas report of {entry[:60]}... in the linker's log")
+        text = " | ".join(line.strip() for line in lines if line.strip(" \x00"))
+        why = (
+            "ptxas did not run: a link served from nvJitLink's cache (link with -no-cache)"
+            if not any(_ENTRY.search(line) for line in lines)
+            else "ptxas reported other functions"
+        )
+        raise LogFormatError(
+            f"no ptxas report of {entry[:60]}... in the linker's log ({why}); "
+            f"the log: {text[:300]!r}"
+        )
     return Usage(registers, 0, frame, stores, loads)
 
 
@@ -403,27 +415,42 @@ def declared_shared(ptx: str) -> int:
     return total
 
 
+def reporting_linker(library: Any, cc: tuple[int, int]) -> Any:
+    """numba-cuda's linker for ``library`` on ``cc``, as numba-cuda would make it
+    (its register cap, LTO or not), with ptxas's report on and nvJitLink's cache off.
+
+    ``verbose`` is ``ptxas -v``. ``no_cache`` (``-no-cache``): on a machine with
+    a driver nvJitLink keeps the cubins it linked (the driver's JIT cache, on
+    disk, shared by every process), and a link it has seen before returns the
+    cubin without running ptxas, so the log has no report of the kernel:
+    ``info : 8 bytes gmem`` and nothing else (NVIDIA/cuda-python issue 950).
+    """
+    from numba.cuda.cudadrv import driver
+
+    class ReportingLinker(driver._Linker):
+        def _get_linker_options(self, ptx: bool) -> Any:
+            options = super()._get_linker_options(ptx)
+            options.verbose = True  # ptxas -v
+            options.no_cache = True  # ptxas runs every time, so it reports every time
+            return options
+
+    return ReportingLinker(max_registers=library._max_registers, cc=cc, lto=library._lto)
+
+
 def compile_usage(library: Any, entry: str, cc: tuple[int, int]) -> Usage:
     """Compile a numba-cuda kernel's code library for ``cc`` and read its usage.
 
     ``library``: a compiled kernel's ``CUDACodeLibrary`` (``kernel.library`` of
-    an overload, GPU runtime only); its LLVM IR goes through NVVM for ``cc``,
-    then nvJitLink links it (with cudadevrt and any linked files, as numba-cuda
-    does) with ptxas's verbose output on. Needs NVVM and nvJitLink, not a GPU.
+    an overload, GPU runtime only); its LLVM IR goes through NVVM for ``cc``
+    (to LTO-IR if the kernel links with LTO), then nvJitLink links it (with
+    cudadevrt and any linked files, as numba-cuda does) by :func:`reporting_linker`.
+    Needs NVVM and nvJitLink, not a GPU.
 
     Raises:
         numba-cuda's errors when NVVM or the linker refuses the code (for
         example "uses too much shared data"); LogFormatError.
     """
-    from numba.cuda.cudadrv import driver
-
-    class VerboseLinker(driver._Linker):
-        def _get_linker_options(self, ptx: bool) -> Any:
-            options = super()._get_linker_options(ptx)
-            options.verbose = True  # ptxas -v
-            return options
-
-    linker = VerboseLinker(max_registers=library._max_registers, cc=cc, lto=library._lto)
+    linker = reporting_linker(library, cc)
     library._link_all(linker, cc)
     linker.complete()
     usage = parse_link_log(linker.info_log, entry)

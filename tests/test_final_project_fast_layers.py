@@ -482,11 +482,18 @@ def check_splitk_reduce_weight_bias(rng, s_count, reduce=fl.splitk_reduce_weight
     check(db.array, total[:, -1], TOL, "split-K reduce db")
 
 
-def test_splitk_reduce_check_catches_a_read_past_the_last_chunk(rng):
+# The block shape this runtime launches, and the GPU's in the simulator too: the
+# off-by-one below shows only for S = (UNROLL - 1) x LANES + 1, which depends on it.
+SPLITK_REDUCE_SHAPES = sorted({fl.SPLITK_REDUCE_SHAPE, (64, 4)})
+
+
+@pytest.mark.parametrize("outs, lanes", SPLITK_REDUCE_SHAPES)
+def test_splitk_reduce_check_catches_a_read_past_the_last_chunk(rng, outs, lanes):
+    unroll = 4
     kernel = mutant(
         fl.make_splitk_reduce_weight_bias,
         ("while s + (UNROLL - 1) * LANES < s_count:", "while s + (UNROLL - 1) * LANES <= s_count:"),
-    )(*fl.SPLITK_REDUCE_SHAPE)
+    )(outs, lanes, unroll)
 
     def broken(partials, s_count, dw, db):
         _, c_out, n_cols = partials.shape
@@ -495,9 +502,15 @@ def test_splitk_reduce_check_catches_a_read_past_the_last_chunk(rng):
             partials.reshape(partials.size), dw.reshape(dw.size), db, s_count, n_cols, total
         )
 
-    # S = 7: one unrolled step would take chunks 0..7 of lane 0, one past the last
+    # The one S where the mutant takes an unrolled step it must not: lane 1's step
+    # reads chunks 1, 1 + LANES, ..., 1 + (UNROLL - 1) LANES = S, one past the last,
+    # into the NaN rows the check puts after the S chunks (S = 7 for the simulator's
+    # 2 lanes, 13 for the GPU's 4, where S = 7 takes no unrolled step at all).
+    s_count = (unroll - 1) * lanes + 1
+    if (outs, lanes) == fl.SPLITK_REDUCE_SHAPE:
+        check_splitk_reduce_weight_bias(rng, s_count)  # the real kernel, same S
     with pytest.raises(CheckError, match="NaN"):
-        check_splitk_reduce_weight_bias(rng, 7, broken)
+        check_splitk_reduce_weight_bias(rng, s_count, broken)
 
 
 def test_splitk_reduce_computes_in_float64_only_its_sums():

@@ -195,6 +195,38 @@ def test_parse_link_log_reads_ptxas_and_the_linkers_summary():
         targets.parse_link_log(PTXAS_ONLY, "_ZN4demo5otherE")
 
 
+# nvJitLink 13.5 linking the LTO-IR of final_project/kernels.py:relu_forward_naive
+# for sm_90 (numba-cuda links with LTO by default where nvJitLink is installed):
+# ptxas's block only, no linker summary, and a NUL at the end.
+RELU = (
+    "_ZN13final_project7kernels18relu_forward_naiveB2v1B104cw51cXTLSUwv1sDUaKthqaNgoKmjgOR3W"
+    "3Cw6igA9duC0hkwnNGiHEkYkrqQBFBTDEwCyQe21eqwcFW3UoDGjzpQEsgzrtUEAA_3d_3dE5ArrayIfLi1E1C7"
+    "mutable7alignedE5ArrayIfLi1E1C7mutable7alignedE"
+)
+LTO_LINK = (
+    "INFO: NVVM70 LTOIR Container created (3700 bytes)\n"
+    "ptxas info    : 0 bytes gmem\n"
+    f"ptxas info    : Compiling entry function '{RELU}' for 'sm_90'\n"
+    f"ptxas info    : Function properties for {RELU}\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 12 registers, used 0 barriers\n"
+    "ptxas info    : Compile time = 5.750 ms\n\x00"
+)
+# The same link served from nvJitLink's cache (the driver's JIT cache, on a GPU
+# machine): ptxas does not run, so nothing names the kernel (the shape reported
+# in NVIDIA/cuda-python issue 950). The H100 run of issue 22 got this for 21
+# kernels linked before on that machine; common.targets now links with -no-cache.
+CACHED_LINK = "INFO: NVVM70 LTOIR Container created (3700 bytes)\ninfo    : 8 bytes gmem\n\x00"
+
+
+def test_parse_link_log_reads_an_lto_link_and_says_when_ptxas_did_not_run():
+    assert targets.parse_link_log(LTO_LINK, RELU) == Usage(12)
+    with pytest.raises(targets.LogFormatError, match=r"ptxas did not run: .*cache.*8 bytes gmem"):
+        targets.parse_link_log(CACHED_LINK, RELU)
+    with pytest.raises(targets.LogFormatError, match="ptxas reported other functions"):
+        targets.parse_link_log(LTO_LINK, "_ZN4demo5otherE")
+
+
 def test_declared_shared_counts_static_arrays_at_their_alignment():
     ptx = (
         ".visible .shared .align 4 .b8 _cudapy_smem_1[1024];\n"
@@ -467,21 +499,45 @@ def too_much_shared(a):
     cuda.syncthreads()
     a[cuda.threadIdx.x] = s[12999 - cuda.threadIdx.x]
 
+def usage(lib, cc):
+    try:
+        return list(targets.compile_usage(lib, lib._entry_name, cc).__dict__.values())
+    except Exception as exc:
+        return type(exc).__name__ + ": " + " ".join(str(exc).split())[-300:]
+
 out = {}
 for fn, sig in ((tile_copy, (float32[::1], float32[::1])), (too_much_shared, (float32[::1],))):
     lib, _ = compiler._compile_pyfunc_with_fixup(fn, sig, device=False, abi="numba", cc=(7, 5))
     for cc in targets.TARGETS:
-        key = f"{fn.__name__} {cc[0]}.{cc[1]}"
-        try:
-            out[key] = list(targets.compile_usage(lib, lib._entry_name, cc).__dict__.values())
-        except Exception as exc:
-            out[key] = type(exc).__name__ + ": " + " ".join(str(exc).split())[-300:]
+        out[f"{fn.__name__} {cc[0]}.{cc[1]}"] = usage(lib, cc)
+
+# Two capstone kernels that failed on the H100, compiled as a launch compiles them
+# (numba-cuda's _Kernel: LTO, numba-cuda's default where nvJitLink is installed),
+# each linked twice: on a machine with a driver, nvJitLink serves the second link
+# of the same code from its cache unless told -no-cache, and ptxas reports nothing.
+from numba.core import types
+from numba.cuda.compiler import compile_cuda, kernel_fixup
+from final_project import kernels
+for name, sig in (
+    ("relu_forward_naive", (float32[::1], float32[::1])),
+    ("sgd_update_naive", (float32[::1], float32[::1], numba.float64)),
+):
+    cres = compile_cuda(getattr(kernels, name).py_func, types.void, sig, cc=(7, 5), lto=True,
+                        nvvm_options={"fastmath": False, "opt": 3})
+    lib = cres.library
+    lib._entry_name = cres.fndesc.llvm_func_name
+    kernel_fixup(lib.get_function(lib._entry_name), False)
+    for cc in targets.TARGETS:
+        out[f"{name} {cc[0]}.{cc[1]}"] = [lib._lto, usage(lib, cc), usage(lib, cc)]
+options = targets.reporting_linker(lib, (9, 0))._get_linker_options(ptx=False)
+out["options"] = [options.verbose, options.no_cache]
 print(json.dumps(out))
 """
 
 
 def test_compile_for_every_target_without_such_a_gpu():
-    """NVVM + nvJitLink compile for 7.5 to 9.0 on any machine; ptxas's report is read.
+    """NVVM + nvJitLink compile for 7.5 to 9.0 on any machine; ptxas's report is read,
+    for a PTX link and for an LTO link (a launched kernel's, by default) done twice.
     Skipped where the CUDA toolkit wheels are absent (CI's simulator machine)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
@@ -501,6 +557,12 @@ def test_compile_for_every_target_without_such_a_gpu():
         registers, static_shared, *_ = got[f"tile_copy {a.name}"]
         assert 1 <= registers <= 255 and static_shared == 1024, (a.name, got)
         assert "too much shared data" in got[f"too_much_shared {a.name}"], got
+        for name in ("relu_forward_naive", "sgd_update_naive"):
+            lto, first, again = got[f"{name} {a.name}"]
+            assert lto and isinstance(first, list) and first == again, (name, a.name, got)
+            registers, static_shared, frame, stores, loads = first
+            assert 1 <= registers <= 64 and static_shared == frame == stores == loads == 0, first
+    assert got["options"] == [True, True]  # ptxas -v, nvJitLink -no-cache
 
 
 # ---------------------------------------------------------------- the doctor
