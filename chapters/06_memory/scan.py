@@ -338,7 +338,7 @@ def run(n: int | None = None) -> list:
     """Check and time every version (default n = 2**26 int32, 256 MiB, on a GPU).
     ``nbytes`` = 8 n: read the input once, write the output once (what a single
     pass moves; versions 1 and 2 move about twice that)."""
-    n = n or pick(gpu=1 << 26, simulator=BLOCK * ITEMS + 9)
+    n = n or pick(gpu=1 << 26, simulator=2 * BLOCK + 9)
     x_host = np.random.default_rng(8).integers(-100, 101, n).astype(np.int32)
     x = cuda.to_device(x_host)
     return run_versions(
