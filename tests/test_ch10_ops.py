@@ -429,3 +429,28 @@ def test_full_float32_switches_tf32_off_and_restores_it():
     finally:
         for f, value in zip(flags, saved):
             f.allow_tf32 = value
+
+
+def test_a_copy_made_for_a_launch_outlives_the_launch_call():
+    # ops.view copies a transposed input; the view must hold that copy. A view
+    # that did not (bridge.numba_view's) would let the next allocation take its
+    # memory on a GPU: here, the fresh tensors made after every reference to
+    # the copy is gone.
+    import gc
+
+    x = torch.randn(37, 53, device=bridge.device())
+    want = x.t().contiguous().cpu()
+    v = ops.view(x.t(), "x")
+    gc.collect()
+    others = [torch.randn(53, 37, device=bridge.device()) for _ in range(8)]
+    np.testing.assert_array_equal(v.copy_to_host(), want.numpy())
+    assert len(others) == 8
+
+
+def test_owning_view_checks_as_numba_view_does():
+    with pytest.raises(TypeError, match="float32"):
+        bridge.owning_view(
+            torch.zeros(3, dtype=torch.float64, device=bridge.device()), "t", torch.float32
+        )
+    with pytest.raises(ValueError, match="contiguous"):
+        bridge.owning_view(torch.zeros(3, 4, device=bridge.device()).t(), "t")

@@ -129,6 +129,21 @@ def numba_view(
     return view
 
 
+def owning_view(t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None = None) -> Any:
+    """A Numba device array over ``t``'s memory that keeps ``t`` alive (no copy,
+    not cached): for a tensor made only to be launched on, such as the contiguous
+    copy of a transposed input. :func:`numba_view`'s views do not hold their
+    tensor, so a copy nothing else holds would go back to torch's allocator when
+    the launching function returns, and the next allocation on the stream (the
+    next input's copy) could take its memory before the kernel reads it.
+    Errors as :func:`numba_view`.
+    """
+    numba_view(t, name, dtype, cached=False)  # the same checks, with their messages
+    if is_simulator():
+        return _new_view(t)  # holds the tensor already (NumPy's base)
+    return cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=t)
+
+
 def _new_view(t: torch.Tensor) -> Any:
     if is_simulator():
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray

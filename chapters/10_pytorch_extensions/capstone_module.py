@@ -102,8 +102,10 @@ class _CapstoneLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, net: "CapstoneNet", x: torch.Tensor, y: torch.Tensor, *params):
         ctx.net, ctx.forward_count = net, net.forward_count
-        xv = bridge.numba_view(x.detach().contiguous(), "x", torch.float32)
-        yv = bridge.numba_view(y.detach().to(torch.int32).contiguous(), "y")
+        # owning views: y.to(int32) (and x.contiguous() of a strided x) are new
+        # tensors that nothing else holds until FastCNN has copied them
+        xv = bridge.owning_view(x.detach().contiguous(), "x", torch.float32)
+        yv = bridge.owning_view(y.detach().to(torch.int32).contiguous(), "y")
         net.fast_waits_for_torch()
         net.fast.loss_and_grads(xv, yv)
         net.torch_waits_for_fast()

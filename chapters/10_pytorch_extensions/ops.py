@@ -77,9 +77,14 @@ def view(t: torch.Tensor, name: str, flat: bool = False):
     around us, not through us): detach() is the same memory. A non-contiguous
     input (transposed, sliced) is copied to a contiguous one first: the kernels
     index row-major, and a view of its storage would read the wrong elements.
+    The view of such a copy holds it (:func:`bridge.owning_view`), so its memory
+    cannot go to another tensor before the kernel has read it.
     """
-    t = t.detach().contiguous()
-    return bridge.numba_view(t.view(-1) if flat else t, name)
+    t = t.detach()
+    if t.is_contiguous():
+        return bridge.numba_view(t.view(-1) if flat else t, name)
+    copy = t.contiguous()
+    return bridge.owning_view(copy.view(-1) if flat else copy, name)
 
 
 # ---------------------------------------------------------------- bias + GELU

@@ -147,7 +147,7 @@ def non_contiguous(device: torch.device, m: int, n: int) -> list[Timing]:
     check(y, ref, tol=1e-5, name="strided launch")
     y2 = torch.full((m, n), math.nan, device=device)
     launch_forward(
-        bridge.numba_view(x.contiguous()),
+        bridge.owning_view(x.contiguous()),
         naive_view(b),
         bridge.numba_view(y2),
         bridge.torch_stream(),
@@ -183,7 +183,7 @@ def non_contiguous(device: torch.device, m: int, n: int) -> list[Timing]:
 
 def _contiguous_then_launch(x, b, y):
     launch_forward(
-        bridge.numba_view(x.contiguous()),
+        bridge.owning_view(x.contiguous()),
         naive_view(b),
         bridge.numba_view(y),
         bridge.torch_stream(),
