@@ -35,13 +35,17 @@ class CheckError(AssertionError):
     """A kernel's output does not match its reference."""
 
 
-class RaceError(CheckError):
-    """Two threads of one launch touched the same element, unordered, and one wrote."""
+class _NamesItsThreads(CheckError):
+    """A report that names the threads itself."""
 
     def __init__(self, message: str = "") -> None:
         # The simulator re-raises a thread's exception as type(e)("tid=[..] ctaid=[..]: "
         # + message); the report names the threads already.
         super().__init__(re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message))
+
+
+class RaceError(_NamesItsThreads):
+    """Two threads of one launch touched the same element, unordered, and one wrote."""
 
 
 class BarrierError(CheckError):
@@ -56,16 +60,13 @@ class BarrierError(CheckError):
     """
 
 
-class DeadlockError(CheckError):
+class DeadlockError(_NamesItsThreads):
     """A thread waits, spinning on an atomic read, for a value nothing will write.
 
     The simulator runs the blocks of a launch one after another, so a block can
     only wait for blocks that started before it, and those have finished:
     a value that has not appeared by then never will. On a GPU the kernel hangs.
     """
-
-    def __init__(self, message: str = "") -> None:
-        super().__init__(re.sub(r"^tid=\[[^]]*\] ctaid=\[[^]]*\]: ", "", message))
 
 
 class LaunchConfigError(ValueError):

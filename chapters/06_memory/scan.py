@@ -166,15 +166,9 @@ ITEMS = pick(gpu=35, simulator=5)
 # stores the first (the README's scan section measures what that gains).
 LOADS = 5
 WINDOW = 32  # predecessors whose flags one look-back round reads, one a thread
-# A look-back round that found a predecessor unpublished waits this long before
-# reading again: every read is an atomic in L2, and tiles polling without a
-# pause take L2 bandwidth from the loads and stores of the tiles that work.
-BACKOFF_NS = 100
 
 
-def make_scan_single_pass(
-    block: int, items: int, window: int, decoupled: bool, backoff_ns: int = BACKOFF_NS
-):
+def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
     """A single-pass inclusive scan kernel ``kernel(x, out, flags, aggregates,
     prefixes, ticket)`` over tiles of ``block * items`` int32 elements.
 
@@ -182,8 +176,7 @@ def make_scan_single_pass(
     ``flags`` (one int32 a tile) and ``ticket`` (one int32). ``decoupled``:
     False waits for the predecessor's inclusive prefix (version 3, ``window``
     must be 1); True looks back through the aggregates (version 4).
-    ``backoff_ns``: the pause before reading again after a round found a
-    predecessor unpublished (0: none).
+    ``items`` must be a multiple of LOADS (ValueError).
     """
     if items % LOADS:
         raise ValueError(f"items must be a multiple of LOADS={LOADS}, got {items}")
@@ -195,9 +188,8 @@ def make_scan_single_pass(
         runs = cuda.shared.array(block, int32)  # inclusive scan of the threads' run totals
         seen = cuda.shared.array(window, int32)  # flags read in one look-back round
         values = cuda.shared.array(window, int32)
-        # [0] tile, [1] exclusive prefix so far, [2] next predecessor to read (-1: done),
-        # [3] 1 if the last round stopped at an unpublished predecessor
-        state = cuda.shared.array(4, int32)
+        # [0] tile, [1] exclusive prefix so far, [2] next predecessor to read (-1: done)
+        state = cuda.shared.array(3, int32)
         t = cuda.threadIdx.x
         if t == 0:
             # Tiles go out in the order blocks start, so every predecessor of a
@@ -238,7 +230,6 @@ def make_scan_single_pass(
         if t == 0:
             state[1] = 0
             state[2] = tile - 1
-            state[3] = 0
             if tile == 0:
                 prefixes[0] = runs[block - 1]
                 cuda.threadfence()  # the value lands before the flag that announces it
@@ -255,8 +246,6 @@ def make_scan_single_pass(
                 f = FLAG_NONE
                 v = 0
                 if j >= 0:
-                    if backoff_ns > 0 and state[3] != 0:
-                        cuda.nanosleep(backoff_ns)
                     f = cuda.atomic.add(flags, j, 0)  # an atomic read: never a stale copy
                     cuda.threadfence()  # and the value read after it is the one it announces
                     if f == FLAG_PREFIX:
@@ -269,12 +258,10 @@ def make_scan_single_pass(
             if t == 0:
                 acc = state[1]
                 nxt = first - window
-                state[3] = 0
                 for w in range(window):  # nearest first; stop at a gap or a prefix
                     f = seen[w]
                     if f == FLAG_NONE or (f == FLAG_AGGREGATE and not decoupled):
                         nxt = first - w  # not published yet: read it again next round
-                        state[3] = 1
                         break
                     acc += values[w]
                     if f == FLAG_PREFIX:

@@ -87,18 +87,8 @@ def full_float32() -> Iterator[None]:
 
 
 @torch.compiler.disable
-def numba_view(
-    t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None = None, cached: bool = True
-) -> Any:
-    """A Numba device array sharing ``t``'s memory (no copy).
-
-    t: a contiguous tensor, on the GPU (or the CPU in the simulator); dtype:
-    the dtype it must have (None: any); cached: reuse the view made earlier for
-    the same address, shape, dtype and device (False: a new view, as
-    ``cuda.as_cuda_array`` would make). Raises TypeError for a non-tensor or the
-    wrong dtype, ValueError for a tensor that requires grad, lives on the wrong
-    device or is not contiguous, each message naming the fix.
-    """
+def _check_viewable(t: torch.Tensor, name: str, dtype: torch.dtype | None) -> None:
+    """The checks of :func:`numba_view` and :func:`owning_view`, with their messages."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtype is not None and t.dtype != dtype:
@@ -116,6 +106,21 @@ def numba_view(
             raise ValueError(f"{name} is on {t.device}; the simulator runs on CPU tensors")
     elif t.device.type != "cuda":
         raise ValueError(f"{name} is on {t.device}: move it with {name}.cuda()")
+
+
+def numba_view(
+    t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None = None, cached: bool = True
+) -> Any:
+    """A Numba device array sharing ``t``'s memory (no copy).
+
+    t: a contiguous tensor, on the GPU (or the CPU in the simulator); dtype:
+    the dtype it must have (None: any); cached: reuse the view made earlier for
+    the same address, shape, dtype and device (False: a new view, as
+    ``cuda.as_cuda_array`` would make). Raises TypeError for a non-tensor or the
+    wrong dtype, ValueError for a tensor that requires grad, lives on the wrong
+    device or is not contiguous, each message naming the fix.
+    """
+    _check_viewable(t, name, dtype)
     if not cached:
         return _new_view(t)
     key = (t.data_ptr(), t.shape, t.dtype, t.device)
@@ -138,21 +143,20 @@ def owning_view(t: torch.Tensor, name: str = "tensor", dtype: torch.dtype | None
     next input's copy) could take its memory before the kernel reads it.
     Errors as :func:`numba_view`.
     """
-    numba_view(t, name, dtype, cached=False)  # the same checks, with their messages
-    if is_simulator():
-        return _new_view(t)  # holds the tensor already (NumPy's base)
-    return cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=t)
+    _check_viewable(t, name, dtype)
+    return _new_view(t, owner=t)
 
 
-def _new_view(t: torch.Tensor) -> Any:
+def _new_view(t: torch.Tensor, owner: torch.Tensor | None = None) -> Any:
     if is_simulator():
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         # The simulator's device array over the same memory. It holds the tensor
         # (NumPy's base), so in the simulator a cached address cannot be reused.
         return FakeCUDAArray(t.numpy())
-    # owner=None: the view does not keep the tensor alive, nor ever frees it
-    return cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=None)
+    # owner=None (numba_view's views): the view neither keeps the tensor alive nor
+    # frees it; owning_view passes the tensor, which the view then holds
+    return cuda.from_cuda_array_interface(t.__cuda_array_interface__, owner=owner)
 
 
 @torch.compiler.disable

@@ -519,22 +519,13 @@ def on_atomic_done() -> None:
 SPIN_LIMIT = 1_000
 
 
-def _raw(array: Any) -> np.ndarray | None:
-    """The ndarray behind a kernel argument or a shared array in the simulator."""
-    if isinstance(array, np.ndarray):
-        return array
-    inner = getattr(array, "_item", array)
-    ary = getattr(inner, "_ary", None)
-    return ary if isinstance(ary, np.ndarray) else None
-
-
 def on_atomic_result(array: Any, index: Any, old: Any) -> None:
     """Report a thread that spins: SPIN_LIMIT atomics in a row on one element that
     each found ``old`` there and left it unchanged (``atomic.add(flags, j, 0)``
     in a loop waiting for another block's flag). In the simulator that block has
     finished (or never runs before this one ends), so the wait never ends."""
     launch, who = _launch, _me()
-    ary = _raw(array)
+    ary = _array_of(array)
     if launch is None or who is None or ary is None:
         return
     addr = _address(launch, ary, index)

@@ -336,10 +336,6 @@ def install() -> None:
     kernel_cls.__call__ = call
     racecheck.install()
     _install_sequential_blocks(sim_kernel)
-    if not hasattr(sim_api.FakeCUDAModule, "nanosleep"):
-        # cuda.nanosleep(ns), a spin loop's back-off: a hint to the GPU's warp
-        # scheduler, nothing to simulate (numba-cuda's simulator lacks it)
-        sim_api.FakeCUDAModule.nanosleep = lambda self, ns: None
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
