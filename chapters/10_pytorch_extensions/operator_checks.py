@@ -53,8 +53,8 @@ def sample_inputs() -> dict[str, tuple[object, list[tuple]]]:
     """{operator name: (op overload, [args, ...])}: several samples an operator.
 
     (M, N) for bias_gelu and (N, C) for the cross-entropy: one element; fewer
-    and more columns than a block of ops.THREADS (8 in the simulator) and than
-    the row groups (3), none of them a multiple; an empty batch; a transposed
+    and more columns than a block of ops.THREADS and than two, and more rows
+    than the row groups (ops.ROW_SPLITS), none of them a multiple; an empty batch; a transposed
     (non-contiguous) first input. requires_grad on all, some or none of the
     differentiable inputs; the backward operators get none (they have no
     autograd of their own).
@@ -70,13 +70,17 @@ def sample_inputs() -> dict[str, tuple[object, list[tuple]]]:
     def classes(n, c):
         return torch.randint(0, c, (n,), generator=gen).to(dev)
 
+    # Wider than one and two blocks, a multiple of neither (11 and 19 columns in
+    # the simulator, 259 and 515 on a GPU); more rows than the row groups.
+    wide, wider = ops.THREADS + 3, 2 * ops.THREADS + 3
+    rows = ops.ROW_SPLITS + 2
     bias_gelu, bias_gelu_backward = [], []
     # (M, N), dtype, x requires grad, b requires grad, x transposed
     for (m, n), dtype, gx, gb, tx in [
-        ((5, 11), F64, True, True, False),
+        ((rows, wide), F64, True, True, False),
         ((1, 1), F32, True, False, False),
         ((7, 3), F64, False, True, False),
-        ((2, 19), F32, False, False, False),
+        ((2, wider), F32, False, False, False),
         ((0, 3), F64, True, True, False),
         ((4, 9), F32, True, True, True),
     ]:
@@ -86,10 +90,10 @@ def sample_inputs() -> dict[str, tuple[object, list[tuple]]]:
         bias_gelu_backward.append((dy, x.detach(), b.detach()))
     cross_entropy, cross_entropy_backward = [], []
     for (n, c), dtype, grad, transposed in [
-        ((4, 13), F64, True, False),
+        ((4, wide + 2), F64, True, False),
         ((1, 1), F32, True, False),
         ((3, 2), F64, False, False),
-        ((2, 19), F32, True, True),
+        ((2, wider), F32, True, True),
         ((0, 5), F64, True, False),
     ]:
         logits, target = rand(n, c, dtype=dtype, grad=grad, transposed=transposed), classes(n, c)
