@@ -46,10 +46,11 @@ def banner() -> str:
     import common
     from common.runtime import device_name
 
-    import numba_cuda
-    import torch
+    from importlib.metadata import version
 
-    versions = f"numba-cuda {numba_cuda.__version__}, torch {torch.__version__}"
+    # The installed versions, read from the packages' metadata: importing torch
+    # only to print its version would cost a notebook that never uses it 2 s.
+    versions = f"numba-cuda {version('numba-cuda')}, torch {version('torch')}"
     if common.is_simulator():
         return (
             "Ran in the Numba CUDA simulator (no GPU): every kernel runs and is checked, "

@@ -27,7 +27,7 @@ sol = import_sibling(__file__, "solutions")
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--n", type=int, default=pick(gpu=1 << 18, simulator=200), help="numbers to draw"
+        "--n", type=int, default=pick(gpu=1 << 18, simulator=64), help="numbers to draw"
     )
     args = parser.parse_args(argv)
     n = args.n
