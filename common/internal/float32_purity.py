@@ -549,6 +549,12 @@ def _is_f64(ty: Any) -> bool:
     return str(ty) in ("float64", "complex128") or str(ty).startswith("Literal[float]")
 
 
+def _single(ty: Any) -> tuple[str, str]:
+    """(what ty is, the single-precision type to write instead): complex128 wants
+    np.complex64, every other float64 np.float32."""
+    return ("complex128", "np.complex64") if str(ty) == "complex128" else ("float64", "np.float32")
+
+
 def _is_int(ty: Any) -> bool:
     return str(ty).startswith(("int", "uint", "bool", "Literal[int]", "Literal[bool]"))
 
@@ -678,17 +684,19 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                 continue
             if isinstance(value, ir.Const):
                 if _is_f64(ty) and user_var:
-                    add(1, loc, f"makes {name} float64; write {name} = np.float32({value.value!r})")
+                    wide, single = _single(ty)
+                    add(1, loc, f"makes {name} {wide}; write {name} = {single}({value.value!r})")
                 continue
             if isinstance(value, ir.Var):
                 src = typemap.get(value.name)
                 if _is_f64(ty) and user_var:
                     origin = defs.get(value.name)
                     if isinstance(origin, ir.Const):
+                        wide, single = _single(ty)
                         add(
                             1,
                             loc,
-                            f"makes {name} float64; write {name} = np.float32({origin.value!r})",
+                            f"makes {name} {wide}; write {name} = {single}({origin.value!r})",
                         )
                     elif not _is_f64(src):
                         add(
@@ -758,22 +766,23 @@ def _findings(cres: Any, where: str, seen: set[Any]) -> list[dict[str, Any]]:
                 op = getattr(value.fn, "__name__", str(value.fn))
                 if f64_ops:
                     what = _describe(f64_ops[0], defs, typemap, argnames)
+                    wide, single = _single(typemap.get(f64_ops[0].name))
                     if what.startswith("the literal"):
                         v = defs[f64_ops[0].name].value
                         add(
                             1,
                             loc,
-                            f"computes in float64: {what} is a float64; write np.float32({v!r})",
+                            f"computes in float64: {what} is a {wide}; write {single}({v!r})",
                         )
                     elif what.startswith("argument"):
                         add(
                             2,
                             loc,
-                            f"computes in float64: {what} is float64 (a Python float "
-                            "passed at launch?); pass np.float32(...) when launching",
+                            f"computes in float64: {what} is {wide} (a Python {wide.rstrip('0123456789')} "
+                            f"passed at launch?); pass {single}(...) when launching",
                         )
                     else:
-                        add(5, loc, f"computes in float64: {what} is float64")
+                        add(5, loc, f"computes in float64: {what} is {wide}")
                 elif all(_is_int(t) for t in otypes):
                     add(
                         2,
