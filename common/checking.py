@@ -47,6 +47,20 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a)
 
 
+def _as_real_pairs(o: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Complex outputs compared as (real, imaginary) float64 pairs, a trailing axis
+    of 2: the norms are the complex norms, and a wrong imaginary part counts (a
+    cast to float64 would drop it, with only a warning)."""
+    if o.dtype.kind != "c" and r.dtype.kind != "c":
+        return o, r
+
+    def pairs(a: np.ndarray) -> np.ndarray:
+        c = np.ascontiguousarray(a, dtype=np.complex128)
+        return c.view(np.float64).reshape(*a.shape, 2)
+
+    return pairs(o), pairs(r)
+
+
 def require_device_array(a: Any, name: str, ndim: int | None = None, dtype: Any = None) -> Any:
     """Return ``a`` as a Numba device array of ``ndim``/``dtype``, or raise a clear error.
 
@@ -92,10 +106,11 @@ def rel_error(out: Any, ref: Any) -> float:
         ValueError: shapes differ, or ``ref`` is all zeros.
     """
     __tracebackhide__ = True
-    o = _to_host(out).astype(np.float64)
-    r = _to_host(ref).astype(np.float64)
+    o, r = _to_host(out), _to_host(ref)
     if o.shape != r.shape:
         raise ValueError(f"shape mismatch: out {o.shape} vs reference {r.shape}")
+    o, r = _as_real_pairs(o, r)
+    o, r = o.astype(np.float64), r.astype(np.float64)
     if not np.all(np.isfinite(o)):
         return float("inf")
     norm = np.linalg.norm(r)
@@ -288,7 +303,8 @@ def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
     """Assert ``rel_error(out, ref) <= tol``; return the error.
 
     Integer and boolean outputs must match exactly (``tol`` ignored). A scalar
-    works too: ``check(count, expected)``.
+    works too: ``check(count, expected)``. Complex arrays are compared as
+    (real, imaginary) pairs: a mismatch's index ends in 0 (real) or 1 (imaginary).
 
     Raises:
         CheckError: with the relative error, the number of unwritten (NaN or
@@ -303,6 +319,7 @@ def check(out: Any, ref: Any, tol: float = 1e-5, name: str = "output") -> float:
     r = _to_host(ref)
     if o.shape != r.shape:
         raise CheckError(f"{name}: shape {o.shape}, expected {r.shape}")
+    o, r = _as_real_pairs(o, r)  # complex: (real, imaginary) pairs, index [..., 0 or 1]
     if o.dtype.kind in "iub" or r.dtype.kind in "iub":
         bad = o != r
         if not bad.any():

@@ -635,3 +635,13 @@ def test_require_device_array_names_the_fix():
         require_device_array(dev, "x", ndim=1)
     with pytest.raises(TypeError, match=r"float64.*astype"):
         require_device_array(dev, "x", dtype=np.float64)
+
+
+def test_check_compares_complex_values_whole():
+    # A cast to float64 keeps only the real parts: a wrong imaginary part passed.
+    ref = np.array([1 + 1j, 2 - 1j, -3 + 0.5j])
+    wrong_imag = np.conj(ref).astype(np.complex64)
+    with pytest.raises(CheckError, match=r"index \(0, 1\)"):
+        check(wrong_imag, ref, tol=1e-5, name="spectrum")
+    assert rel_error(wrong_imag, ref) > 0.5
+    assert check(ref.astype(np.complex64), ref, tol=1e-6) < 1e-6
