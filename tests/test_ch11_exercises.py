@@ -17,7 +17,15 @@ or channel, a crop off by one, an FFT too short for linear correlation.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import EPS32, CheckError, check, guarded, random_array, rounding_tolerance
+from common.checking import (
+    EPS32,
+    CheckError,
+    check,
+    guarded,
+    random_array,
+    rel_error,
+    rounding_tolerance,
+)
 from common.internal import racecheck
 from common.internal.exercises import implementations, load_chapter_module
 from common.internal.float32_purity import float32_pure_launches
@@ -280,7 +288,12 @@ def check_complex_mac(fn, rng):
         fn(cuda.to_device(X), cuda.to_device(W), out.array)
         # c complex products and c sums: (c + 2) eps32 of sum |X| |W| covers them
         tol = rounding_tolerance(as_pairs(ref), np.stack([magnitude] * 2, -1), c + 2, 1e-6)
-        check_complex(out.array, ref, tol, f"complex_mac_channels B={b} C={c} O={o} F={f}")
+        what = f"complex_mac_channels B={b} C={c} O={o} F={f}"
+        unconjugated = np.einsum("bcf,ocf->bof", X.astype(np.complex128), W)
+        got = out.array.copy_to_host()
+        if np.all(np.isfinite(got)) and rel_error(as_pairs(got), as_pairs(unconjugated)) <= tol:
+            raise AssertionError(f"{what}: out = sum_c X * W, without the conjugate of W")
+        check_complex(out.array, ref, tol, what)
         out.check_untouched()
 
 
