@@ -115,6 +115,20 @@ def is_simulator() -> bool:
     return RUNTIME == "simulator"
 
 
+def torch_cuda_available() -> bool:
+    """True on a GPU (not the simulator) with a CUDA build of torch that sees it:
+    where the course races its kernels against cuBLAS, cuDNN and cuFFT through
+    torch. False in the simulator (torch is not imported then) and where torch is
+    not installed."""
+    if is_simulator():
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 def runtime_name() -> str:
     """``"gpu"`` or ``"simulator"``."""
     return RUNTIME

@@ -41,7 +41,7 @@ from __future__ import annotations
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
 # isort: on
-from common.runtime import device_name
+from common.runtime import device_name, torch_cuda_available
 from common.timing import hold_stream
 
 import argparse
@@ -69,9 +69,7 @@ DEFAULT_OUT = Path("runs") / "final_project"
 
 
 def torch_device() -> torch.device:
-    return torch.device(
-        "cuda" if torch.cuda.is_available() and not common.is_simulator() else "cpu"
-    )
+    return torch.device("cuda" if torch_cuda_available() else "cpu")
 
 
 def torch_evaluate(

@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -645,3 +646,19 @@ def test_check_compares_complex_values_whole():
         check(wrong_imag, ref, tol=1e-5, name="spectrum")
     assert rel_error(wrong_imag, ref) > 0.5
     assert check(ref.astype(np.complex64), ref, tol=1e-6) < 1e-6
+
+
+def test_torch_cuda_available_is_false_in_the_simulator_even_where_torch_sees_a_gpu(
+    monkeypatch,
+):
+    # A machine with a GPU can run the course in the simulator: the libraries'
+    # baselines must not be timed then (nothing of ours is).
+    if not is_simulator():
+        pytest.skip("simulator behaviour")
+    sees_a_gpu = types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", sees_a_gpu)
+    assert runtime.torch_cuda_available() is False
+    monkeypatch.setattr(runtime, "is_simulator", lambda: False)
+    assert runtime.torch_cuda_available() is True
+    monkeypatch.setitem(sys.modules, "torch", None)  # not installed: import fails
+    assert runtime.torch_cuda_available() is False

@@ -14,7 +14,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling, pick
 from common.checking import check, random_array, rel_error
 from common.harness import run_script, save_results, script_parser
-from common.runtime import is_simulator
+from common.runtime import torch_cuda_available
 from common.timing import benchmark, device_peaks, format_table
 
 from functools import partial
@@ -27,7 +27,7 @@ sol = import_sibling(__file__, "solutions")
 
 
 def gpu_torch():
-    return not is_simulator() and torch.cuda.is_available()
+    return torch_cuda_available()
 
 
 def transpose_trick(a, b):

@@ -14,7 +14,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, pick
 from common.checking import check, poisoned, random_array, require_device_array
 from common.harness import run_script, save_results, script_parser
-from common.runtime import is_simulator
+from common.runtime import torch_cuda_available
 from common.timing import benchmark, format_table
 
 from functools import partial
@@ -95,7 +95,7 @@ def main(argv=None):
     results = [
         benchmark(partial(conv2d_direct_launch, x, w, y), "1 conv2d_direct (ours)", flops=flops)
     ]
-    if is_simulator() or not torch.cuda.is_available():
+    if not torch_cuda_available():
         out = F.conv2d(torch.from_numpy(x_h), torch.from_numpy(w_h))
         check(out, ref, tol=1e-5, name="F.conv2d (CPU)")
         print("F.conv2d on the CPU matches; SKIPPED: cuDNN timings (need a GPU and CUDA torch)")

@@ -14,7 +14,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div, import_sibling, pick
 from common.checking import check, random_array, require_device_array
 from common.harness import run_script, save_results, script_parser
-from common.runtime import is_simulator
+from common.runtime import torch_cuda_available
 from common.timing import benchmark, format_table
 
 from functools import partial
@@ -78,7 +78,7 @@ def main(argv=None):
 
     n = pick(gpu=1 << 20, simulator=40)
     lengths = pick(gpu=[3, 15, 63, 255, 1023], simulator=[3, 9])
-    device = "cuda" if (not is_simulator() and torch.cuda.is_available()) else "cpu"
+    device = "cuda" if torch_cuda_available() else "cpu"
     xs = random_array(n, np.float32, rng)
     results, rows = [], []
     for m in lengths:

@@ -15,7 +15,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import ceil_div
 from common.checking import CheckError, check
 from common.harness import run_script, save_results, script_parser
-from common.runtime import is_simulator
+from common.runtime import is_simulator, torch_cuda_available
 from common.timing import Timing
 
 import time
@@ -60,7 +60,7 @@ def per_launch_us(fn, calls=2000):
 
 def main(argv=None):
     args = script_parser(__doc__, "07_libraries").parse_args(argv)
-    on_gpu = not is_simulator() and torch.cuda.is_available()
+    on_gpu = torch_cuda_available()
     t = torch.randn(64, requires_grad=True, device="cuda" if on_gpu else "cpu")
     try:
         wrap_for_numba(t)
@@ -71,7 +71,7 @@ def main(argv=None):
     print(f"  t.detach() wraps fine: shape {x.shape}")
 
     results = []
-    if is_simulator() or not torch.cuda.is_available():
+    if not torch_cuda_available():
         print("SKIPPED: pitfalls 2 and 3 (need a GPU and CUDA torch)")
     else:
         n = 1 << 24

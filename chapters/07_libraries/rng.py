@@ -14,7 +14,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling, pick
 from common.checking import CheckError, check
 from common.harness import run_script
-from common.runtime import is_simulator
+from common.runtime import torch_cuda_available
 
 import argparse
 
@@ -43,7 +43,7 @@ def main(argv=None):
         f"min {first.min():.4f}, max {first.max():.4f}"
     )
 
-    device = "cuda" if (not is_simulator() and torch.cuda.is_available()) else "cpu"
+    device = "cuda" if torch_cuda_available() else "cpu"
     g = torch.Generator(device=device).manual_seed(42)
     t1 = torch.rand(n, device=device, generator=g)
     t2 = torch.rand(n, device=device, generator=g)

@@ -7,7 +7,7 @@ with ``import_sibling(__file__, "matmul_tools")``.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.harness import run_versions
-from common.runtime import is_simulator
+from common.runtime import is_simulator, torch_cuda_available
 from common.timing import format_table
 
 import argparse
@@ -58,13 +58,7 @@ def parse_numbers(text):
 
 def cublas_available():
     """True on a GPU with a CUDA build of torch installed."""
-    if is_simulator():
-        return False
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    return torch_cuda_available()
 
 
 class CublasSgemm:

@@ -23,8 +23,9 @@ processes run under compute-sanitizer and load only what they launch.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import BarrierError, RaceError, import_sibling, is_simulator
+from common import BarrierError, RaceError, import_sibling
 from common.harness import run_script
+from common.runtime import torch_cuda_available
 from common.timing import format_table
 
 import contextlib
@@ -570,9 +571,7 @@ def host_records(events: Iterable[Any], names: Iterable[str]) -> list[KernelReco
 
 def nvtx_available() -> bool:
     """NVTX ranges need a GPU and a torch built with CUDA (torch.cuda.nvtx)."""
-    import torch
-
-    return not is_simulator() and torch.cuda.is_available()
+    return torch_cuda_available()
 
 
 class _Range:

@@ -57,7 +57,14 @@ from common.checking import (
     rounding_tolerance,
 )
 from common.harness import run_versions, save_results, script_parser
-from common.runtime import MAX_GRID_DIM, MAX_STATIC_SHARED_BYTES, ceil_div, is_simulator, pick
+from common.runtime import (
+    MAX_GRID_DIM,
+    MAX_STATIC_SHARED_BYTES,
+    ceil_div,
+    is_simulator,
+    pick,
+    torch_cuda_available,
+)
 from common.timing import Timing, benchmark, device_peaks, format_table
 
 import contextlib
@@ -110,11 +117,7 @@ def gpu_reference() -> bool:
     """Whether the float64 reference runs on the GPU (torch's float64 cuDNN and cuFFT):
     on a GPU with CUDA torch, where a 2048 x 2048 image with K = 128 is 7e10
     multiply-adds. Else NumPy on the CPU (and torch is never imported)."""
-    if is_simulator():
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+    return torch_cuda_available()
 
 
 def conv2d_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -730,11 +733,7 @@ class CudnnConv:
 
 def cudnn_available() -> bool:
     """True on a GPU with a CUDA build of torch."""
-    if is_simulator():
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+    return torch_cuda_available()
 
 
 # --------------------------------------------------------------------------

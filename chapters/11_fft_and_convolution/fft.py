@@ -47,7 +47,7 @@ Algorithms", 2nd ed., SIAM (2002), sec. 24.1, Theorem 24.2.
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import EPS32, CheckError, check, poisoned, random_array, require_device_array
 from common.harness import run_script, save_results, script_parser
-from common.runtime import ceil_div, is_simulator, jit, pick
+from common.runtime import ceil_div, is_simulator, jit, pick, torch_cuda_available
 from common.timing import benchmark, device_peaks, format_table
 
 import math
@@ -913,13 +913,7 @@ class Cufft:
     @staticmethod
     def available() -> bool:
         """True on a GPU with a CUDA build of torch."""
-        if is_simulator():
-            return False
-        try:
-            import torch
-        except ImportError:
-            return False
-        return torch.cuda.is_available()
+        return torch_cuda_available()
 
     def _view(self, a):
         if id(a) not in self._views:
