@@ -126,8 +126,21 @@ def crossover_table(rows: Sequence[dict[str, Any]], title: str, versions: Sequen
     text = format_table(
         table, title, header=header, align=">" * (1 + len(versions)) + "<" * len(cudnn)
     )
-    skipped = {(lab, why) for r in rows for lab, why in r["skipped"].items()}
-    notes = sorted({f"  skipped {lab}: {why}" for lab, why in skipped})
+    # One note a version: the K it skipped, and the reason at the smallest of them
+    # (the reasons differ only in their numbers).
+    skipped: dict[str, list[tuple[int, str]]] = {}
+    for r in sorted(rows, key=lambda r: r["k"]):
+        for lab, why in r["skipped"].items():
+            skipped.setdefault(lab, []).append((r["k"], why))
+    notes = [
+        f"  skipped {lab} at K = {', '.join(str(k) for k, _ in ks)}: {ks[0][1]}"
+        for lab, ks in sorted(
+            skipped.items(),
+            key=lambda item: (
+                list(versions).index(item[0]) if item[0] in versions else len(versions)
+            ),
+        )
+    ]
     return "\n".join([text, *notes])
 
 
