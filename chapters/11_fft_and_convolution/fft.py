@@ -76,9 +76,10 @@ V1_MAX_N = pick(gpu=MAX_BLOCK_N, simulator=64)  # main: version 1 is O(n^2) a ro
 # version 3: complex values a thread keeps between a pass's reads and its writes
 V3_HELD = MAX_BLOCK_N // THREADS_3
 # Version 5: blocks of 512 threads an SM must hold at once (a launch bound: ptxas caps
-# registers at 65536 / (3 * 512) = 42). Measured on an H200 at n = 256 ... 4096: 2
-# resident blocks leave HBM idle while both compute between their loads and stores;
-# 3 is the fastest, 4 (32 registers) no faster. A GPU that fits fewer still runs it.
+# registers at 65536 / (3 * 512) = 42). Swept over 2, 3 and 4 on a Hopper GPU at
+# n = 256 ... 4096: 2 resident blocks leave HBM idle while both compute between their
+# loads and stores; 3 was the fastest, 4 (32 registers) no faster. A GPU that fits
+# fewer still runs it (the bound is capped by its threads per SM).
 MIN_BLOCKS = 3
 C8 = np.float32(math.sqrt(0.5))  # W8 = exp(-2 pi i / 8) = C8 (1 - i)
 ZERO_C = np.complex64(0)
