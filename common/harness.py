@@ -31,6 +31,7 @@ JSON written there) and :func:`run_script` (exit code; a failed check is one
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -98,6 +99,39 @@ def run_versions(
     if print_table:
         print(format_table(results, title=title))
     return results
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an int >= 1, else the error argparse prints (exit status 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type=``: a finite float > 0 (a learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def positive_ints(text: str) -> list[int]:
+    """argparse ``type=``: a comma list of ints >= 1 ("64,256,1024"), else the
+    error argparse prints (exit status 2)."""
+    values = [positive_int(v) for v in text.split(",") if v.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma list of whole numbers >= 1, got {text!r}"
+        )
+    return values
 
 
 def script_parser(doc: str, chapter: str) -> argparse.ArgumentParser:

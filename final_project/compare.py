@@ -41,6 +41,7 @@ from __future__ import annotations
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
 # isort: on
+from common.harness import positive_ints
 from common.runtime import device_name, torch_cuda_available
 from common.timing import hold_stream
 
@@ -570,16 +571,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive ints, got {text!r}")
-    return sizes
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m final_project.compare", description=__doc__.splitlines()[0]
@@ -606,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--time-batch-sizes",
-        type=_batch_sizes,
+        type=positive_ints,
         default=None,
         metavar="B1,B2",
         help="batch sizes for the timing table (default 64,256,1024; tiny: 8)",

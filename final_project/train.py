@@ -38,12 +38,12 @@ from common.internal import racecheck
 
 # isort: on
 from common.checking import CheckError
+from common.harness import positive_float, positive_int
 from common.runtime import device_name
 
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -107,28 +107,6 @@ class CheckFailed(RuntimeError):
 # --------------------------------------------------------------------------
 # Options and data, shared with final_project.compare
 # --------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an int >= 1, else the error argparse prints (exit status 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse ``type=``: a finite float > 0 (a learning rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:

@@ -249,3 +249,13 @@ def test_main_writes_json_and_plot(tmp_path, capsys):
     assert {f"{label} K=3" for label in VERSIONS} <= names
     assert (tmp_path / "convolution_crossover.png").stat().st_size > 0
     assert "claim" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--image", "0"], ["--repeats", "0"], ["--kernel-sizes", "3,0"], ["--kernel-sizes", "x"]],
+)
+def test_main_refuses_bad_options_before_any_work(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        conv.main(argv)
+    assert e.value.code == 2 and "error: argument" in capsys.readouterr().err

@@ -316,3 +316,10 @@ def test_main_checks_every_version_and_writes_json(tmp_path):
         r["extra"]["rel_error"] <= fft.tolerance(r["extra"]["n"]) or r["name"][0] == "1"
         for r in payload["results"]
     )
+
+
+@pytest.mark.parametrize("argv", [["--batch-mib", "0"], ["--sizes", "64,-4"], ["--sizes", ","]])
+def test_main_refuses_bad_options_before_any_work(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        fft.main(argv)
+    assert e.value.code == 2 and "error: argument" in capsys.readouterr().err

@@ -42,7 +42,7 @@ and CUPTI takes one subscriber at a time.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling
-from common.harness import script_parser
+from common.harness import positive_int, script_parser
 from common.runtime import device_name, is_simulator, pick, runtime_name
 from common.timing import format_table
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p = script_parser(__doc__, CHAPTER)
     p.add_argument(
         "--batch",
-        type=ftrain.positive_int,
+        type=positive_int,
         default=pick(gpu=256, simulator=2),
         help="images per step (default 256; simulator 2)",
     )
@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--warmup",
-        type=ftrain.positive_int,
+        type=positive_int,
         default=pick(gpu=3, simulator=1),
         help="untimed steps before the profiled one (default 3; simulator 1): the first compiles",
     )

@@ -27,7 +27,7 @@ in float32 too) at lr 0.01. In the simulator: the tiny network of ``final_projec
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling, is_simulator, pick
-from common.harness import run_script, save_results, script_parser
+from common.harness import positive_float, positive_int, run_script, save_results, script_parser
 
 import math
 from collections.abc import Sequence
@@ -45,7 +45,7 @@ from final_project import datasets
 from final_project.fast_model import FastCNN
 from final_project.model import BUFFER_NAMES, PARAM_NAMES, NetConfig
 from final_project.torch_twin import TorchCNN
-from final_project.train import TINY, describe_config, positive_float, positive_int
+from final_project.train import TINY, describe_config
 
 bridge = import_sibling(__file__, "bridge")
 

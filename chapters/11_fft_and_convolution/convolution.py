@@ -56,7 +56,7 @@ from common.checking import (
     require_device_array,
     rounding_tolerance,
 )
-from common.harness import run_versions, save_results, script_parser
+from common.harness import positive_int, positive_ints, run_versions, save_results, script_parser
 from common.runtime import (
     MAX_GRID_DIM,
     MAX_STATIC_SHARED_BYTES,
@@ -917,10 +917,6 @@ def _parse_parts(text: str) -> tuple[str, ...]:
     return parts
 
 
-def _parse_ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
-
-
 def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
     parser.add_argument(
@@ -931,17 +927,17 @@ def main(argv=None):
     )
     parser.add_argument(
         "--kernel-sizes",
-        type=_parse_ints,
+        type=positive_ints,
         default=None,
         help=f"the crossover's K values (default {','.join(map(str, CROSSOVER_K))})",
     )
     parser.add_argument(
         "--image",
-        type=int,
+        type=positive_int,
         default=None,
         help=f"the crossover's square image edge (default {CROSSOVER_IMAGE[2]})",
     )
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls a version")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls a version")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     args = parser.parse_args(argv)
 

@@ -46,7 +46,7 @@ Algorithms", 2nd ed., SIAM (2002), sec. 24.1, Theorem 24.2.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import EPS32, CheckError, check, poisoned, random_array, require_device_array
-from common.harness import run_script, save_results, script_parser
+from common.harness import positive_float, positive_ints, run_script, save_results, script_parser
 from common.runtime import ceil_div, is_simulator, jit, pick, torch_cuda_available
 from common.timing import benchmark, device_peaks, format_table
 
@@ -1052,22 +1052,18 @@ def run(sizes=None, batch_bytes=None) -> list:
     return results
 
 
-def _parse_sizes(text):
-    return [int(s) for s in text.split(",") if s.strip()]
-
-
 def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
     parser.add_argument(
         "--sizes",
-        type=_parse_sizes,
+        type=positive_ints,
         default=None,
         help="comma list of row lengths n (powers of two up to 2**20); default 1, 2, 4, "
         "..., 4096 and 1048576 on a GPU, 1,2,16,64 in the simulator",
     )
     parser.add_argument(
         "--batch-mib",
-        type=float,
+        type=positive_float,
         default=None,
         help="MiB of complex64 data per size (batch = that / (8 n) rows); default 256 on a GPU",
     )
