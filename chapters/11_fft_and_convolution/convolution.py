@@ -400,17 +400,24 @@ def im2col(x, k, col):
         col[r, m] = v
 
 
+# The (b, i, j) of flat index t in a C-ordered 3-D array a: the kernels below run one
+# thread an element of their output.
+@cuda.jit(device=True)
+def unflatten_3d(t, a):
+    plane = a.shape[1] * a.shape[2]
+    b = t // plane
+    r = t - b * plane
+    i = r // a.shape[2]
+    return b, i, r - i * a.shape[2]
+
+
 # v3b: the GEMM's (Co, N*H*W) product -> NCHW (batch > 1 only): out[n, co, p] = src[co, n*HW + p].
 @cuda.jit
 def nchw_from_channel_rows(src, out):
     t = cuda.grid(1)
     if t < out.size:
-        c_out = out.shape[1]
-        hw = out.shape[2]
-        n = t // (c_out * hw)
-        co = (t - n * c_out * hw) // hw
-        p = t - n * c_out * hw - co * hw
-        out[n, co, p] = src[co, n * hw + p]
+        n, co, p = unflatten_3d(t, out)
+        out[n, co, p] = src[co, n * out.shape[2] + p]
 
 
 # --------------------------------------------------------------------------
@@ -423,11 +430,7 @@ def nchw_from_channel_rows(src, out):
 def pad_complex(src, dst):
     t = cuda.grid(1)
     if t < dst.size:
-        p = dst.shape[1]
-        q = dst.shape[2]
-        b = t // (p * q)
-        i = (t - b * p * q) // q
-        j = t - b * p * q - i * q
+        b, i, j = unflatten_3d(t, dst)
         v = ZERO
         if i < src.shape[1] and j < src.shape[2]:
             v = src[b, i, j]
@@ -454,11 +457,7 @@ def spectral_mac(xf, wf, yf):
 def crop_real(y, top, left, out):
     t = cuda.grid(1)
     if t < out.size:
-        h = out.shape[1]
-        wd = out.shape[2]
-        b = t // (h * wd)
-        i = (t - b * h * wd) // wd
-        j = t - b * h * wd - i * wd
+        b, i, j = unflatten_3d(t, out)
         yi = i - top
         yj = j - left
         if yi < 0:
@@ -473,11 +472,7 @@ def crop_real(y, top, left, out):
 def crop_window(src, dy, dx, out):
     t = cuda.grid(1)
     if t < out.size:
-        h = out.shape[1]
-        wd = out.shape[2]
-        b = t // (h * wd)
-        i = (t - b * h * wd) // wd
-        j = t - b * h * wd - i * wd
+        b, i, j = unflatten_3d(t, out)
         out[b, i, j] = src[b, i + dy, j + dx]
 
 
