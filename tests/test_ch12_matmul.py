@@ -171,6 +171,17 @@ def test_summary_assigns_kernels_by_name():
     assert summary.lines_of_code("def f():\n\n    # note\n    return 1\n") == 2
 
 
+def test_layernorm_rows_name_kernels_the_script_has():
+    # The closing table's line counts for layer norm come from these names: each must
+    # be one of the script's kernels, in the language of its row.
+    layernorm = load_chapter_module(CHAPTER, "layernorm")
+    kernels = summary.script_kernels(layernorm)
+    for version, labels in layernorm.KERNELS.items():
+        assert version in layernorm.versions()
+        for names in labels.values():
+            assert {kernels[k][0] for k in names} == {version.split()[0]}, (version, names)
+
+
 # -------------------------------------------------------------------------- inductor
 
 TRITON_OUTPUT = """

@@ -20,8 +20,8 @@ the script says so and stops (exit 0).
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import check, rounding_tolerance
-from common.harness import run_script, save_results, script_parser
-from common.runtime import is_simulator
+from common.harness import positive_int, run_script, save_results, script_parser
+from common.runtime import torch_cuda_available
 from common.timing import benchmark, device_peaks, format_table
 
 import inspect
@@ -216,7 +216,7 @@ def run(batch=512, *, repeats=20, show_code=True):
     import torch
     import torch.nn.functional as F
 
-    if is_simulator() or not torch.cuda.is_available():
+    if not torch_cuda_available():
         print(NEEDS_GPU)
         return []
     if batch < 1:
@@ -318,11 +318,9 @@ def run(batch=512, *, repeats=20, show_code=True):
 
 def main(argv=None):
     parser = script_parser(__doc__, "12_triton")
-    parser.add_argument("--batch", type=int, default=512, help="images in z (default 512)")
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per version")
+    parser.add_argument("--batch", type=positive_int, default=512, help="images in z (default 512)")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls per version")
     args = parser.parse_args(argv)
-    if args.batch < 1 or args.repeats < 1:
-        parser.error(f"--batch and --repeats must be >= 1, got {args.batch}, {args.repeats}")
     results = run(args.batch, repeats=args.repeats)
     if results:
         save_results(results, args.out, "inductor")

@@ -391,6 +391,28 @@ def layer_norm_torch(x, w, b):
     return F.layer_norm(x, (x.shape[-1],), w, b, EPS)
 
 
+# The kernels behind each of our versions' timed rows, for summary.py's closing table.
+KERNELS = {
+    "numba (block a row, atomics)": {
+        "forward": ["layernorm_forward_block_row"],
+        "forward + backward": [
+            "layernorm_forward_block_row",
+            "zero_fill",
+            "layernorm_backward_dx_block_row",
+            "layernorm_backward_weight_bias_atomic",
+        ],
+    },
+    "triton (row a program, partial sums)": {
+        "forward": ["layernorm_forward_kernel"],
+        "forward + backward": [
+            "layernorm_forward_kernel",
+            "layernorm_backward_kernel",
+            "column_sum_kernel",
+        ],
+    },
+}
+
+
 def versions() -> dict[str, tuple]:
     """name -> (forward, step) of every version this runtime has."""
     table = {"numba (block a row, atomics)": _ours(forward_numba, backward_numba)}
@@ -429,6 +451,8 @@ def run(shapes=None) -> list[Timing]:
                     peaks=peaks,
                 )
                 t.extra["rel_error"] = err
+                if name in KERNELS:
+                    t.extra["kernel"] = KERNELS[name][label]
                 rows.append(t)
         print(format_table(rows, title=f"layer norm {m} x {n} float32"))
         results += rows

@@ -34,7 +34,7 @@ sec. 3.1 (inner products) and sec. 2.2 (the rounding model).
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling, load_chapter_module
 from common.checking import EPS32, check, rounding_tolerance
-from common.harness import run_script, save_results, script_parser
+from common.harness import positive_int, run_script, save_results, script_parser
 from common.runtime import is_simulator, pick
 from common.timing import benchmark, device_peaks, format_table
 
@@ -512,13 +512,11 @@ def main(argv=None):
         default=None,
         help="comma list of fp32, tf32, fp16 (default all; fp32,fp16 interpreted)",
     )
-    parser.add_argument("--repeats", type=int, default=20, help="timed calls per row")
+    parser.add_argument("--repeats", type=positive_int, default=20, help="timed calls per row")
     args = parser.parse_args(argv)
     if triton_env.MISSING:
         print(f"SKIPPED: {triton_env.MISSING}")
         return 0
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     print(
         f"Triton {triton_env.VERSION}"
         + (" (interpreter: one fixed config, nothing timed)" if triton_env.INTERPRETED else "")
