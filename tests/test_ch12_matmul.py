@@ -171,6 +171,16 @@ def test_summary_assigns_kernels_by_name():
     assert summary.lines_of_code("def f():\n\n    # note\n    return 1\n") == 2
 
 
+def test_script_kernels_reads_only_lists_of_kernels():
+    # On a GPU, numba.cuda has a `kernels` attribute too (a module): not a kernel list
+    import types
+
+    script = types.ModuleType("script")
+    script.cuda = types.SimpleNamespace(kernels=types.ModuleType("numba.cuda.kernels"))
+    script.matmul_kernel = mm.matmul_kernel
+    assert set(summary.script_kernels(script)) == {"matmul_kernel"}
+
+
 def test_layernorm_rows_name_kernels_the_script_has():
     # The closing table's line counts for layer norm come from these names: each must
     # be one of the script's kernels, in the language of its row.

@@ -80,8 +80,10 @@ def script_kernels(module):
 
     for name, obj in vars(module).items():
         add(name, obj)
-        for kernel in getattr(obj, "kernels", None) or ():  # chapter 08's Version
-            add(getattr(kernel, "py_func", kernel).__name__, kernel)
+        listed = getattr(obj, "kernels", None)  # chapter 08's Version lists its kernels
+        if isinstance(listed, (list, tuple)):  # (numba.cuda.kernels, on a GPU, is a module)
+            for kernel in listed:
+                add(getattr(kernel, "py_func", kernel).__name__, kernel)
     try:
         source = inspect.getsource(module)
     except (OSError, TypeError):
