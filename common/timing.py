@@ -121,6 +121,18 @@ def _synchronize() -> None:
     cuda.synchronize()
 
 
+def timed_call(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), milliseconds)`` of one call, wall clock, with the device synchronized
+    before and after: on a kernel's first call, its compile time plus its run (what
+    :func:`benchmark` reports as ``first_call_ms``). In the simulator the time is
+    the simulator's and means nothing."""
+    _synchronize()
+    t0 = time.perf_counter()
+    value = fn()
+    _synchronize()
+    return value, (time.perf_counter() - t0) * 1e3
+
+
 def benchmark(
     fn: Callable[[], Any],
     name: str,
@@ -131,6 +143,7 @@ def benchmark(
     repeats: int = 20,
     peaks: dict[str, Any] | None = None,
     hold_ms: int = 0,
+    first_call_ms: float | None = None,
 ) -> Timing:
     """Time ``fn()`` on the GPU with CUDA events.
 
@@ -149,6 +162,10 @@ def benchmark(
             times are GPU time only. Needed when a call is about as short as
             its launch from Python (tens of microseconds); make it longer than
             queueing ``repeats`` calls takes.
+        first_call_ms: the caller's own measurement of ``fn``'s first call in
+            this process (:func:`timed_call` on the checked call that compiled
+            it), reported instead of this function's first call, which is then
+            no longer the one that compiles.
 
     Returns:
         A :class:`Timing`. In the simulator, ``fn`` runs once and the Timing
@@ -173,6 +190,8 @@ def benchmark(
     fn()
     _synchronize()
     result.first_call_ms = (time.perf_counter() - t0) * 1e3
+    if first_call_ms is not None:
+        result.first_call_ms = first_call_ms
     # Calls are queued back to back, each between its own pair of events, with
     # one synchronize at the end (as triton.testing.do_bench does). While the
     # GPU works on call i the host is already launching call i+1, so the ~20 us
