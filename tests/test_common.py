@@ -416,6 +416,14 @@ def test_benchmark_in_this_runtime(rng):
         assert t.measured and len(calls) == 1 + 2 + 3 and t.median_ms >= 0
 
 
+def test_timed_call_returns_the_value_and_a_first_call_benchmark_keeps():
+    value, ms = timing.timed_call(lambda: 42)
+    assert value == 42 and ms >= 0
+    t = timing.benchmark(lambda: None, "x", repeats=2, first_call_ms=1234.5)
+    if not is_simulator():  # the caller's first call is reported, not benchmark's own
+        assert t.first_call_ms == 1234.5
+
+
 def test_timing_rates_from_bytes_and_flops():
     t = timing.Timing(
         "x",
