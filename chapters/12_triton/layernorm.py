@@ -453,6 +453,7 @@ def run(shapes=None) -> list[Timing]:
                     nbytes=floats * m * n * 4,
                     peaks=peaks,
                     first_call_ms=first_ms[label],
+                    hold_ms=vector_add.HOLD_MS,
                 )
                 t.extra["rel_error"] = err
                 if name in KERNELS:

@@ -46,6 +46,7 @@ from functools import partial
 import numpy as np
 
 triton_env = import_sibling(__file__, "triton_env")
+vector_add = import_sibling(__file__, "vector_add")  # HOLD_MS, as the chapter times
 triton, tl = triton_env.triton, triton_env.tl
 # The kernel's compile-time parameters; a plain name so this file still imports (and
 # main() can say what is missing) where Triton is not installed.
@@ -395,6 +396,7 @@ def run_size(size, precisions, generator, *, repeats=20, peaks=None):
                     repeats=repeats,
                     peaks=peaks,
                     first_call_ms=first_ms,
+                    hold_ms=vector_add.HOLD_MS,
                 )
                 t.extra.update(precision=p.name, size=[m, n, k], rel_error=err, tolerance=tol)
                 t.extra["kernel"] = (
