@@ -228,6 +228,14 @@ def test_inductor_reads_generated_kernels():
     text = inductor.annotate(k.source)
     assert "tmp2 = triton_helpers.maximum(tmp1, tmp0)" in text
     assert text.count("# <- ") == 7  # every line below the signature has a counterpart
+    lines = {line.split("#")[0].strip(): line for line in text.splitlines()}
+    assert "an element of the input" in lines["tmp0 = tl.load(in_ptr0 + (x0), xmask)"]
+    # a kernel that does not pool writes an intermediate: the round trip fusion removes
+    assert inductor.STORE_WITHOUT_POOL in lines["tl.store(out_ptr0 + (x0), tmp2, xmask)"]
+    per_channel = "    tmp1 = tl.load(in_ptr1 + (x1), None, eviction_policy='evict_last')"
+    assert "per-channel parameter" in inductor.annotate(per_channel)
+    window = "    tmp3 = tl.load(in_ptr0 + (28 + 2*x0 + 56*x1), None, eviction_policy='evict_last')"
+    assert "2x2 window" in inductor.annotate(window)
     (c,) = inductor.generated_kernels(CPP_OUTPUT)
     assert (c.name, c.language) == ("cpp_fused_relu_0", "c++")
     assert 'extern "C"' in c.source

@@ -109,12 +109,14 @@ ANNOTATIONS = (
     ),
     (
         r"tl\.load\(.*\(2\*|tl\.load\(.*\+ 2",
-        "one of the 2x2 window's reads: z[n, c, 2*ph + k // 2, 2*pw + k % 2]",
+        "one of the 2x2 window's reads: Numba's z[n, c, 2*ph + k // 2, 2*pw + k % 2]",
     ),
     (
-        r"tl\.load",
+        # indexed by the channel (kept in cache: evict_last), not by the element
+        r"tl\.load\(.*evict_last",
         "a per-channel parameter (mean, var, gamma, beta): Numba reads scale[c], shift[c]",
     ),
+    (r"tl\.load", "an element of the input: Numba's z[n, c, ...] in the window loop"),
     (
         r"sqrt",
         "1/sqrt(var + eps) for every element: Numba computes scale[c] once per channel "
@@ -132,13 +134,23 @@ ANNOTATIONS = (
     (r"tl\.store", "the write: pooled[n, c, ph, pw] (or the argmax, as int8)"),
 )
 
+# The store of a kernel that does not pool writes a whole intermediate (the BN + ReLU
+# output) to memory for the next kernel to read back: the round trip fusion removes.
+STORE_WITHOUT_POOL = (
+    "writes the whole BN + ReLU output for the next kernel to read back: "
+    "our fused kernel keeps it in registers"
+)
+
 
 def annotate(source, width=60):
     """``source`` (Triton) with an annotation after each line that has a Numba
     counterpart (``ANNOTATIONS``); returns the text."""
     out = []
+    pools = "max_pool" in source  # (Inductor names a kernel after the ops it fused)
     for line in source.splitlines():
         note = next((n for pat, n in ANNOTATIONS if re.search(pat, line.strip())), None)
+        if note and "tl.store" in line and not pools:
+            note = STORE_WITHOUT_POOL
         if note and line.strip() and not line.strip().startswith(("def ", "@", "#")):
             out.append(f"{line:<{width}}  # <- {note}")
         else:
