@@ -23,6 +23,8 @@ outputs came from. Run this on the machine whose figures you want committed.
 
 Execution: nbclient (the engine behind ``jupyter nbconvert --execute``), one
 fresh kernel a notebook, with the notebook's folder as the working directory.
+Checks that run many notebooks in a row in the simulator (the test suite) may
+share one kernel between them (:class:`SharedKernel`); saving never does.
 """
 
 import argparse
@@ -124,6 +126,75 @@ def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEO
             else:
                 os.environ["NUMBA_ENABLE_CUDASIM"] = saved
     return nb
+
+
+class SharedKernel:
+    """One Jupyter kernel for simulator checks of several notebooks in a row.
+
+    Starting a kernel and importing torch, Numba and the course in it costs about
+    5 s of CPU a notebook, more than most notebooks' own cells take in the
+    simulator. Here the kernel starts once (on the first :meth:`run`) with
+    ``NUMBA_ENABLE_CUDASIM=1`` and ``env``; before each notebook its namespace is
+    cleared (``%reset -f``: a name one notebook defined or imported is gone for the
+    next), its open figures closed and its working directory set to the notebook's
+    folder. What stays is what a fresh kernel would import again: the modules in
+    ``sys.modules``, with any state a notebook left in them. Hence checks only:
+    the committed outputs always come from :func:`execute`, a fresh kernel each.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        # TRITON_INTERPRET: what chapter 12's triton_env sets in the simulator, here from
+        # the start, because an earlier notebook's torch.compile imports Triton first.
+        self.env = {
+            **os.environ,
+            **(env or {}),
+            "NUMBA_ENABLE_CUDASIM": "1",
+            "TRITON_INTERPRET": "1",
+        }
+        self.km = None
+
+    def run(self, path: Path, timeout: int = CELL_TIMEOUT_S):
+        """Run the notebook at ``path`` in this kernel; return it with outputs.
+        Raises as :func:`execute` does."""
+        import nbformat
+        from jupyter_client.manager import KernelManager
+        from nbclient import NotebookClient
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no notebook at {path}")
+        nb = nbformat.read(path, as_version=4)
+        if self.km is None:
+            self.km = KernelManager(kernel_name="python3")
+            self.km.start_kernel(env=self.env, cwd=str(path.parent))
+        prologue = nbformat.v4.new_code_cell(
+            "%reset -f\n"
+            "import os as _os, sys as _sys\n"
+            "if 'matplotlib.pyplot' in _sys.modules:\n"
+            "    _sys.modules['matplotlib.pyplot'].close('all')\n"
+            f"_os.chdir({str(path.parent)!r})\n"
+            "del _os, _sys"
+        )
+        nb.cells.insert(0, prologue)
+        try:
+            NotebookClient(nb, km=self.km, timeout=timeout, kernel_name="python3").execute()
+        finally:
+            nb.cells.remove(prologue)
+        return nb
+
+    def close(self) -> None:
+        """Shut the kernel down (if it was started)."""
+        if self.km is not None:
+            self.km.shutdown_kernel(now=True)
+            self.km = None
+
+    def __enter__(self) -> "SharedKernel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -247,3 +247,27 @@ def test_tensor_on_the_wrong_device_is_refused(monkeypatch):
     v = torch.ones(8)
     with pytest.raises(ValueError, match="move it"):
         vector_add.add_triton(v, v, v.clone())
+
+
+@pytest.mark.skipif(not common.is_simulator(), reason="the interpreter is the simulator's")
+def test_triton_imported_before_the_interpreter_was_chosen_is_refused():
+    # Triton makes its own tl.sum, tl.max ... as @triton.jit functions when it is first
+    # imported: imported without TRITON_INTERPRET=1 (torch.compile does), chapter 12's
+    # kernels fail inside the interpreter with "Cannot call @triton.jit'd outside of the
+    # scope of a kernel". triton_env says what happened and what to do instead.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = (
+        "import common, triton\n"
+        "from common.internal.exercises import load_chapter_module\n"
+        "load_chapter_module('12_triton', 'triton_env')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode != 0
+    assert "Triton was imported before chapter 12" in done.stderr, done.stderr[-2000:]
+    assert "TRITON_INTERPRET=1" in done.stderr

@@ -24,15 +24,22 @@ def test_every_chapter_and_the_capstone_has_a_notebook():
 SHOWS_THE_RACE_DETECTOR = {"05_first_kernels", "06_memory"}  # cells that expect its reports
 
 
+@pytest.fixture(scope="module")
+def shared_kernel():
+    """One kernel, without the race detector, for the notebooks that do not show it:
+    each notebook's own kernel start and imports cost about 5 s of CPU, more than
+    most of them run. The chapters' own tests race-check the same kernels."""
+    with notebooks.SharedKernel(env={"COURSE_RACECHECK": "0"}) as kernel:
+        yield kernel
+
+
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
-def test_notebook_runs_clean_in_the_simulator(path, monkeypatch):
-    # Where a notebook does not show the race detector at work, its kernel process
-    # runs without it (a fifth of its time): the chapters' own tests race-check
-    # the same kernels on every run.
-    if path.parent.name not in SHOWS_THE_RACE_DETECTOR:
-        monkeypatch.setenv("COURSE_RACECHECK", "0")
+def test_notebook_runs_clean_in_the_simulator(path, request):
     # nbclient raises CellExecutionError (the cell's source and traceback) on any error
-    nb = notebooks.execute(path, simulator=True)
+    if path.parent.name in SHOWS_THE_RACE_DETECTOR:
+        nb = notebooks.execute(path, simulator=True)  # a fresh kernel, race detector on
+    else:
+        nb = request.getfixturevalue("shared_kernel").run(path)
     printed = "".join(
         out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
     )
@@ -187,6 +194,28 @@ def test_saving_without_a_gpu_refuses_before_running_anything(tmp_path, monkeypa
     with pytest.raises(SystemExit):  # the simulator is never a saving run
         notebooks.main(["--simulator", str(path)])
     assert path.read_bytes() == committed
+
+
+def test_a_shared_kernel_clears_names_between_notebooks(tmp_path):
+    """A notebook that uses a name only an earlier notebook defined must fail, as it
+    would in a fresh kernel; each runs in its own folder."""
+    from nbclient.exceptions import CellExecutionError
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, source in (
+        (first, "import os\nleft_over = 1\nprint(os.getcwd())"),
+        (second, "import os\nprint(os.getcwd())\nprint(left_over)"),
+    ):
+        folder.mkdir()
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(source)]
+        nbformat.write(nb, folder / "notebook.ipynb")
+    with notebooks.SharedKernel() as kernel:
+        ran = kernel.run(first / "notebook.ipynb")
+        assert ran.cells[0].outputs[0]["text"].strip() == str(first)
+        assert len(ran.cells) == 1  # the namespace reset is not left in the notebook
+        with pytest.raises(CellExecutionError, match="left_over"):
+            kernel.run(second / "notebook.ipynb")
 
 
 def test_simulator_false_means_the_gpu(tmp_path, monkeypatch):

@@ -16,9 +16,18 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.runtime import is_simulator
 
 import os
+import sys
 
 if is_simulator():
-    # Read by @triton.jit when a kernel is defined: set before any chapter kernel is.
+    # Read when Triton is imported (its own tl.sum, tl.max ... are @triton.jit functions
+    # made then) and when each kernel is defined: set before either.
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "Triton was imported before chapter 12 could switch it to its interpreter "
+            "(no GPU here; torch.compile imports Triton), so its kernels cannot run. "
+            "Import the chapter's modules first in a fresh process or kernel (restart "
+            "it), or set TRITON_INTERPRET=1 in the environment before starting it."
+        )
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
