@@ -48,6 +48,7 @@ from common.timing import hold_stream
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -648,6 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     ftrain.resolve_args(args, p)
+    if os.environ.get("WORLD_SIZE"):  # started by torchrun: ours data-parallel against torch DDP
+        from final_project import distributed
+
+        return distributed.compare_main(args, p)
     tiny = args.tiny
     loss_every = args.loss_every or (2 if tiny else 50)
     time_sizes = args.time_batch_sizes or ([8] if tiny else [64, 256, 1024])

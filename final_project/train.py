@@ -44,6 +44,7 @@ from common.runtime import device_name
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -609,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
     resolve_args(args, p)
+    if os.environ.get("WORLD_SIZE"):  # started by torchrun: data parallel, one process a GPU
+        from final_project import distributed
+
+        return distributed.train_main(args, p)
     if args.out is not None and (args.out / "checkpoint.npz").exists() and not args.overwrite:
         p.error(
             f"{args.out / 'checkpoint.npz'} is there from an earlier run; give another "
