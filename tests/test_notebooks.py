@@ -25,21 +25,23 @@ SHOWS_THE_RACE_DETECTOR = {"05_first_kernels", "06_memory"}  # cells that expect
 
 
 @pytest.fixture(scope="module")
-def shared_kernel():
-    """One kernel, without the race detector, for the notebooks that do not show it:
-    each notebook's own kernel start and imports cost about 5 s of CPU, more than
-    most of them run. The chapters' own tests race-check the same kernels."""
-    with notebooks.SharedKernel(env={"COURSE_RACECHECK": "0"}) as kernel:
-        yield kernel
+def shared_kernels():
+    """Two kernels, shared by the notebooks (each notebook's own kernel start and
+    imports cost about 5 s of CPU, more than most of them run): one with the race
+    detector for the notebooks that show it at work, one without it for the others,
+    a fifth faster (the chapters' own tests race-check the same kernels). Each is
+    started on its first notebook."""
+    with (
+        notebooks.SharedKernel(env={"COURSE_RACECHECK": "1"}) as race_detector,
+        notebooks.SharedKernel(env={"COURSE_RACECHECK": "0"}) as plain,
+    ):
+        yield {True: race_detector, False: plain}
 
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
-def test_notebook_runs_clean_in_the_simulator(path, request):
+def test_notebook_runs_clean_in_the_simulator(path, shared_kernels):
     # nbclient raises CellExecutionError (the cell's source and traceback) on any error
-    if path.parent.name in SHOWS_THE_RACE_DETECTOR:
-        nb = notebooks.execute(path, simulator=True)  # a fresh kernel, race detector on
-    else:
-        nb = request.getfixturevalue("shared_kernel").run(path)
+    nb = shared_kernels[path.parent.name in SHOWS_THE_RACE_DETECTOR].run(path)
     printed = "".join(
         out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
     )
