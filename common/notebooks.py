@@ -128,6 +128,12 @@ def execute(path: Path, simulator: bool | None = None, timeout: int = CELL_TIMEO
     return nb
 
 
+# A code cell with this tag makes the same call as a test of the suite, named in the
+# cell's ``checked_by`` metadata ("tests/FILE.py::TEST"): the suite's simulator checks
+# (SharedKernel) skip it rather than run it twice; a GPU run, and --check, run it.
+CHECKED_BY_A_TEST = "checked-by-a-test-in-the-simulator"
+
+
 class SharedKernel:
     """One Jupyter kernel for simulator checks of several notebooks in a row.
 
@@ -140,6 +146,7 @@ class SharedKernel:
     folder. What stays is what a fresh kernel would import again: the modules in
     ``sys.modules``, with any state a notebook left in them. Hence checks only:
     the committed outputs always come from :func:`execute`, a fresh kernel each.
+    Cells tagged :data:`CHECKED_BY_A_TEST` are skipped.
 
     Use as a context manager, or call :meth:`close`.
     """
@@ -162,7 +169,7 @@ class SharedKernel:
         from jupyter_client.manager import KernelManager
         from nbclient import NotebookClient
 
-        path = Path(path)
+        path = Path(path).resolve()  # (the kernel's working directory moves)
         if not path.is_file():
             raise FileNotFoundError(f"no notebook at {path}")
         nb = nbformat.read(path, as_version=4)
@@ -179,7 +186,13 @@ class SharedKernel:
         )
         nb.cells.insert(0, prologue)
         try:
-            NotebookClient(nb, km=self.km, timeout=timeout, kernel_name="python3").execute()
+            NotebookClient(
+                nb,
+                km=self.km,
+                timeout=timeout,
+                kernel_name="python3",
+                skip_cells_with_tag=CHECKED_BY_A_TEST,
+            ).execute()
         finally:
             nb.cells.remove(prologue)
         return nb

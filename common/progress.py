@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
                 "no:cacheprovider",
                 "-p",
                 "no:xdist",
+                # (its full garbage collection at the end costs a second in a big
+                # process, such as the test suite's, and it reports nothing here)
+                "-p",
+                "no:unraisableexception",
                 "-k",
                 LEARNER_ID,
                 "--continue-on-collection-errors",

@@ -99,11 +99,14 @@ def train_torch(
     seed: int,
     device: torch.device,
     max_steps: int | None = None,
+    rows: slice = slice(None),
 ) -> list[dict[str, Any]]:
     """The twin's training loop, batch for batch the same as :func:`final_project.train.train`.
 
     Same seed, same ``EpochBatches``: the same permutation each epoch, hence the
-    same batches in the same order. Returns one dict per epoch (epoch, steps,
+    same batches in the same order. ``twin`` may be wrapped (PyTorch's
+    ``DistributedDataParallel``: its ``.module`` is evaluated) and train on ``rows``
+    of each batch only (a rank's shard). Returns one dict per epoch (epoch, steps,
     train_loss, test_accuracy, losses).
     """
     rng = np.random.default_rng(seed)
@@ -117,12 +120,13 @@ def train_torch(
         losses = []
         for i in range(n_steps):
             x, y = batches.host(i)
-            xb = torch.from_numpy(x).to(device, non_blocking=True)
-            yb = torch.from_numpy(y).to(device, non_blocking=True)
+            xb = torch.from_numpy(x[rows]).to(device, non_blocking=True)
+            yb = torch.from_numpy(y[rows]).to(device, non_blocking=True)
             losses.append(torch_train_step(twin, opt, xb, yb))
             step += 1
         epoch_losses = torch.stack(losses).float().cpu().numpy()
-        acc = torch_evaluate(twin, x_test, y_test, batches.batch_size, device)
+        evaluated = getattr(twin, "module", twin)
+        acc = torch_evaluate(evaluated, x_test, y_test, batches.batch_size, device)
         history.append(
             {
                 "epoch": epoch,

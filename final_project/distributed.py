@@ -761,7 +761,6 @@ def train_side_by_side(
     from final_project import compare as fcompare
     from final_project import data as fdata
     from final_project import train as ftrain
-    from final_project.torch_twin import torch_train_step
 
     init = init_params(config, seed)
     quiet = lambda s: None  # noqa: E731
@@ -801,25 +800,19 @@ def train_side_by_side(
     )
     log(f"  ours, {comm.world} ranks: {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
-    ddp, opt = ddp_twin(comm, config, init, lr)
-    rows = shard_rows(batches.batch_size, comm.rank, comm.world)
-    rng = np.random.default_rng(seed)
-    history, step = [], 0
-    for epoch in range(1, epochs + 1):
-        batches.prepare(rng)
-        n_steps = ftrain.steps_this_epoch(batches, max_steps, step)
-        if n_steps <= 0:
-            break
-        losses = []
-        for i in range(n_steps):
-            x, y = batches.host(i)
-            xb = torch.from_numpy(x[rows]).to(comm.device, non_blocking=True)
-            yb = torch.from_numpy(y[rows]).to(comm.device, non_blocking=True)
-            losses.append(torch_train_step(ddp, opt, xb, yb))
-            step += 1
-        acc = fcompare.torch_evaluate(ddp.module, x_test, y_test, batches.batch_size, comm.device)
-        losses = torch.stack(losses).float().cpu().numpy()
-        history.append({"epoch": epoch, "steps": n_steps, "test_accuracy": acc, "losses": losses})
+    ddp, _ = ddp_twin(comm, config, init, lr)
+    history = fcompare.train_torch(
+        ddp,
+        batches,
+        x_test,
+        y_test,
+        epochs,
+        lr,
+        seed,
+        comm.device,
+        max_steps=max_steps,
+        rows=shard_rows(batches.batch_size, comm.rank, comm.world),
+    )
     out["torch DDP"] = global_history(comm, history)
     log(f"  torch DDP twin, {comm.world} ranks: {time.perf_counter() - t0:.1f} s")
     return out

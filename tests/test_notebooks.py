@@ -6,6 +6,7 @@ from common import notebooks
 
 import json
 import re
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -60,6 +61,33 @@ def test_notebook_opens_with_the_course_cells_and_copies_no_kernel(path):
         if cell.cell_type == "code":
             # one source of truth: kernels live in the chapter's modules
             assert not re.search(r"@cuda\.jit|cuda\.jit\(", cell.source), cell.source[:200]
+
+
+@pytest.mark.parametrize("path", PATHS, ids=IDS)
+def test_a_cell_skipped_in_the_simulator_makes_its_tests_call(path):
+    """A cell tagged CHECKED_BY_A_TEST is skipped by the simulator check above, so the
+    test its ``checked_by`` names must exist and make the cell's calls itself."""
+    import ast
+
+    for cell in nbformat.read(path, as_version=4).cells:
+        if notebooks.CHECKED_BY_A_TEST not in cell.metadata.get("tags", []):
+            continue
+        where = cell.metadata.get("checked_by", "")
+        file, _, name = where.partition("::")
+        assert file and name, f"{path.parent.name}: a tagged cell names no test ({where!r})"
+        tree = ast.parse((notebooks.ROOT / file).read_text())
+        tests = {f.name: f for f in tree.body if isinstance(f, ast.FunctionDef)}
+        assert name in tests, f"{where}: no such test"
+        called = {
+            ast.unparse(node.func).rsplit(".", 1)[-1]
+            + ast.unparse(node)[len(ast.unparse(node.func)) :]
+            for node in ast.walk(tests[name])
+            if isinstance(node, ast.Call)
+        }
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                call = node.func.attr + ast.unparse(node)[len(ast.unparse(node.func)) :]
+                assert call in called, f"{where} does not call {call} as the cell does"
 
 
 # glibc's last words when a process corrupts its heap (torch's profiler did, at exit)
@@ -212,8 +240,9 @@ def test_a_shared_kernel_clears_names_between_notebooks(tmp_path):
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell(source)]
         nbformat.write(nb, folder / "notebook.ipynb")
-    with notebooks.SharedKernel() as kernel:
-        ran = kernel.run(first / "notebook.ipynb")
+    with notebooks.SharedKernel() as kernel, pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)  # a path relative to here still finds its folder
+        ran = kernel.run(Path("a") / "notebook.ipynb")
         assert ran.cells[0].outputs[0]["text"].strip() == str(first)
         assert len(ran.cells) == 1  # the namespace reset is not left in the notebook
         with pytest.raises(CellExecutionError, match="left_over"):

@@ -481,22 +481,6 @@ def run(sizes=None, precisions=None, *, repeats=20, seed=0):
     return [t for results in all_results.values() for t in results]
 
 
-def parse_sizes(text):
-    """'1024,2048' -> [(1024, 1024, 1024), ...]; 'MxNxK' entries are rectangular."""
-    sizes = []
-    for item in text.split(","):
-        try:
-            parts = [int(p) for p in item.lower().split("x")]
-        except ValueError:
-            parts = []
-        if len(parts) == 1:
-            parts *= 3
-        if len(parts) != 3 or min(parts) < 1:
-            raise argparse.ArgumentTypeError(f"bad size {item!r}: use N or MxNxK, positive")
-        sizes.append(tuple(parts))
-    return sizes
-
-
 def parse_precisions(text):
     names = [p.strip().lower() for p in text.split(",")]
     if not names or set(names) - set(PRECISIONS):
@@ -508,7 +492,7 @@ def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
     parser.add_argument(
         "--sizes",
-        type=parse_sizes,
+        type=load_chapter_module("08_faster_matmul", "matmul_tools").parse_sizes,
         default=None,
         help="comma list of N or MxNxK (default 1024,2048,4096; 33x47x29,1x1x1 interpreted)",
     )
