@@ -576,18 +576,28 @@ def _rank0_log(comm: Communicator) -> Callable[[str], None]:
     return print if comm.rank == 0 else (lambda *args, **kwargs: None)
 
 
-def _load_data(comm: Communicator, args: Any, log: Callable[[str], None]) -> Any:
-    """Rank 0 loads (and downloads) first; the others then read its cache."""
+def _load_images(comm: Communicator, args: Any, log: Callable[[str], None]) -> tuple | None:
+    """(dataset, x_train, y_train, x_test, y_test) as ``train`` prepares them; rank 0
+    loads (and downloads) first, the others then read its cache. None, after printing
+    the error, where the data cannot be had."""
+    from final_project import datasets
     from final_project import train as ftrain
 
     if comm.rank != 0:
         comm.barrier()
     try:
         ds = ftrain.load_data(args, log=log)
+    except (datasets.DataError, ValueError) as e:
+        print(f"error (rank {comm.rank}): {e}", file=sys.stderr)
+        return None
     finally:
         if comm.rank == 0:
             comm.barrier()
-    return ds
+    return (
+        ds,
+        *ftrain.images_for(ds, "train", args.image_size),
+        *ftrain.images_for(ds, "test", args.image_size),
+    )
 
 
 def global_history(comm: Communicator, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -632,7 +642,6 @@ def train_main(args: Any, parser: Any) -> int:
     history is the mean over the ranks (:func:`global_history`).
     """
     from final_project import data as fdata
-    from final_project import datasets
     from final_project import train as ftrain
 
     _check_args(world_size(), args, parser)
@@ -653,13 +662,10 @@ def train_main(args: Any, parser: Any) -> int:
         + (f"GPU: {device_name()}" if comm.backend == "nccl" else "the simulator")
         + f"; global batch {args.batch_size} = {comm.world} x {per_rank}"
     )
-    try:
-        ds = _load_data(comm, args, log)
-    except (datasets.DataError, ValueError) as e:
-        print(f"error (rank {comm.rank}): {e}", file=sys.stderr)
+    loaded = _load_images(comm, args, log)
+    if loaded is None:
         return 1
-    x_train, y_train = ftrain.images_for(ds, "train", args.image_size)
-    x_test, y_test = ftrain.images_for(ds, "test", args.image_size)
+    ds, x_train, y_train, x_test, y_test = loaded
     train_batches = fdata.EpochBatches(x_train, y_train, args.batch_size)
     test_batches = fdata.EpochBatches(x_test, y_test, per_rank, drop_last=False)
     config = ftrain.net_config(args)
@@ -976,7 +982,6 @@ def compare_main(args: Any, parser: Any) -> int:
        ``compare_data_parallel.json`` to --out.
     """
     from final_project import data as fdata
-    from final_project import datasets
     from final_project import train as ftrain
 
     _check_args(world_size(), args, parser)
@@ -996,13 +1001,10 @@ def compare_main(args: Any, parser: Any) -> int:
     torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
     gpu = device_name()
     log(f"data parallel compare: {comm.world} ranks ({comm.backend}) on {gpu}")
-    try:
-        ds = _load_data(comm, args, log)
-    except (datasets.DataError, ValueError) as e:
-        print(f"error (rank {comm.rank}): {e}", file=sys.stderr)
+    loaded = _load_images(comm, args, log)
+    if loaded is None:
         return 1
-    x_train, y_train = ftrain.images_for(ds, "train", args.image_size)
-    x_test, y_test = ftrain.images_for(ds, "test", args.image_size)
+    ds, x_train, y_train, x_test, y_test = loaded
     config = ftrain.net_config(args)
     result: dict[str, Any] = {
         "device": gpu,

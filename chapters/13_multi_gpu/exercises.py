@@ -43,7 +43,8 @@ def collective_bandwidth(collective: str, nbytes: int, seconds: float, world: in
     the fraction of S that crosses each GPU's link in the ring algorithm:
     2 (N-1)/N for all-reduce (a reduce-scatter, then an all-gather), (N-1)/N for
     all-gather and reduce-scatter, 1 for broadcast and reduce (nccl-tests,
-    doc/PERFORMANCE.md). N = 1 moves nothing between GPUs.
+    doc/PERFORMANCE.md). N = 1 moves nothing between GPUs: busbw 0 for the first
+    three (their factors are 0 there). Check the arguments before any arithmetic.
     Example: all-reduce of 1 GiB in 6.5 ms on 2 GPUs: algbw 165, busbw 165 GB/s.
 
     Raises:
