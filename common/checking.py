@@ -386,11 +386,15 @@ _POISON_BITS = {
 
 
 def poison_value(dtype: Any) -> Any:
-    """A NaN with a distinctive payload for floats; the minimum (signed) or
-    maximum (unsigned) for integers; True for booleans."""
+    """A NaN with a distinctive payload for floats (both parts of a complex: an
+    unwritten imaginary part is NaN too); the minimum (signed) or maximum
+    (unsigned) for integers; True for booleans."""
     dt = np.dtype(dtype)
     if dt in _POISON_BITS:
         return _POISON_BITS[dt].view(dt)
+    if dt.kind == "c" and np.dtype(f"f{dt.itemsize // 2}") in _POISON_BITS:
+        part = poison_value(np.dtype(f"f{dt.itemsize // 2}"))
+        return np.array([part, part]).view(dt)[0]
     if dt.kind in "fc":
         return np.nan
     if dt.kind == "i":

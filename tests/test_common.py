@@ -349,14 +349,30 @@ def test_check_rejects_shape_mismatch_and_zero_reference():
         rel_error(np.zeros(3), np.zeros(3))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.uint8])
+@pytest.mark.parametrize(
+    "dtype", [np.float32, np.float64, np.complex64, np.complex128, np.int32, np.uint8]
+)
 def test_poisoned_is_poison(dtype):
     host = poisoned((3, 4), dtype).copy_to_host()
     assert host.shape == (3, 4) and host.dtype == dtype
     if np.dtype(dtype).kind == "f":
         assert np.isnan(host).all()
+    elif np.dtype(dtype).kind == "c":  # both parts, with the float poison's payload
+        part = checking.poison_value(host.real.dtype)
+        for half in (host.real, host.imag):
+            bits = np.ascontiguousarray(half).view(np.uint8).reshape(half.size, -1)
+            assert (bits == np.atleast_1d(part).view(np.uint8)).all()
     else:
         assert (host == checking.poison_value(dtype)).all()
+
+
+def test_a_complex_guard_sees_a_computed_nan_written_past_the_end():
+    g = checking.guarded(3, np.complex64)
+    assert g.outside_untouched()
+    buffer = g._buffer.copy_to_host()
+    buffer[g._stop] = complex(np.nan, 0.0)  # a computed NaN real part, a zero imaginary
+    g._buffer.copy_to_device(buffer)
+    assert not g.outside_untouched()
 
 
 def test_random_array_never_all_zero(rng):
