@@ -162,8 +162,10 @@ class SharedKernel:
         }
         self.km = None
 
-    def run(self, path: Path, timeout: int = CELL_TIMEOUT_S):
+    def run(self, path: Path, timeout: int = CELL_TIMEOUT_S, race_detector: bool | None = None):
         """Run the notebook at ``path`` in this kernel; return it with outputs.
+        ``race_detector``: switch the simulator's race detector on or off for this
+        notebook (None: as the kernel started, ``COURSE_RACECHECK``).
         Raises as :func:`execute` does."""
         import nbformat
         from jupyter_client.manager import KernelManager
@@ -183,6 +185,13 @@ class SharedKernel:
             "    _sys.modules['matplotlib.pyplot'].close('all')\n"
             f"_os.chdir({str(path.parent)!r})\n"
             "del _os, _sys"
+            + (
+                ""
+                if race_detector is None
+                else "\nimport common.internal.racecheck as _rc\n"
+                f"_rc.ENABLED = {bool(race_detector)}\n"
+                "del _rc"
+            )
         )
         nb.cells.insert(0, prologue)
         try:

@@ -200,7 +200,7 @@ def test_loss_curve_follows_the_torch_twin(seed):
 
 
 def test_main_exits_0_and_prints_the_curves(tmp_path, capsys):
-    assert cm.main(["--steps", "2", "--out", str(tmp_path)]) == 0
+    assert cm.main(["--steps", "1", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "torch f32" in out and "max relative difference" in out
     assert (tmp_path / "capstone_module.json").is_file()

@@ -26,23 +26,19 @@ SHOWS_THE_RACE_DETECTOR = {"05_first_kernels", "06_memory"}  # cells that expect
 
 
 @pytest.fixture(scope="module")
-def shared_kernels():
-    """Two kernels, shared by the notebooks (each notebook's own kernel start and
-    imports cost about 5 s of CPU, more than most of them run): one with the race
-    detector for the notebooks that show it at work, one without it for the others,
-    a fifth faster (the chapters' own tests race-check the same kernels). Each is
-    started on its first notebook."""
-    with (
-        notebooks.SharedKernel(env={"COURSE_RACECHECK": "1"}) as race_detector,
-        notebooks.SharedKernel(env={"COURSE_RACECHECK": "0"}) as plain,
-    ):
-        yield {True: race_detector, False: plain}
+def shared_kernel():
+    """One kernel for the notebooks of a worker (each notebook's own kernel start and
+    imports cost about 5 s of CPU, more than most of them run). The race detector is
+    on for the notebooks that show it at work and off for the others, a fifth faster
+    (the chapters' own tests race-check the same kernels)."""
+    with notebooks.SharedKernel(env={"COURSE_RACECHECK": "1"}) as kernel:
+        yield kernel
 
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
-def test_notebook_runs_clean_in_the_simulator(path, shared_kernels):
+def test_notebook_runs_clean_in_the_simulator(path, shared_kernel):
     # nbclient raises CellExecutionError (the cell's source and traceback) on any error
-    nb = shared_kernels[path.parent.name in SHOWS_THE_RACE_DETECTOR].run(path)
+    nb = shared_kernel.run(path, race_detector=path.parent.name in SHOWS_THE_RACE_DETECTOR)
     printed = "".join(
         out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs
     )
@@ -226,27 +222,39 @@ def test_saving_without_a_gpu_refuses_before_running_anything(tmp_path, monkeypa
     assert path.read_bytes() == committed
 
 
-def test_a_shared_kernel_clears_names_between_notebooks(tmp_path):
+def test_a_shared_kernel_clears_names_and_switches_the_race_detector(tmp_path, shared_kernel):
     """A notebook that uses a name only an earlier notebook defined must fail, as it
-    would in a fresh kernel; each runs in its own folder."""
+    would in a fresh kernel; each runs in its own folder; the race detector is on or
+    off as asked."""
     from nbclient.exceptions import CellExecutionError
 
-    first, second = tmp_path / "a", tmp_path / "b"
-    for folder, source in (
-        (first, "import os\nleft_over = 1\nprint(os.getcwd())"),
-        (second, "import os\nprint(os.getcwd())\nprint(left_over)"),
+    racy = (
+        "import common\nimport numpy as np\nfrom numba import cuda\n"
+        "@cuda.jit\ndef racy(a):\n    a[0] += 1\n"
+        "a = cuda.to_device(np.zeros(1, np.float32))\nracy[1, 4](a)\nprint('ran')"
+    )
+    folders = {}
+    for name, source in (
+        ("a", "import os\nleft_over = 1\nprint(os.getcwd())"),
+        ("b", "import os\nprint(os.getcwd())\nprint(left_over)"),
+        ("racy", racy),
     ):
-        folder.mkdir()
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
         nb = nbformat.v4.new_notebook()
         nb.cells = [nbformat.v4.new_code_cell(source)]
-        nbformat.write(nb, folder / "notebook.ipynb")
-    with notebooks.SharedKernel() as kernel, pytest.MonkeyPatch.context() as mp:
+        nbformat.write(nb, folders[name] / "notebook.ipynb")
+    with pytest.MonkeyPatch.context() as mp:
         mp.chdir(tmp_path)  # a path relative to here still finds its folder
-        ran = kernel.run(Path("a") / "notebook.ipynb")
-        assert ran.cells[0].outputs[0]["text"].strip() == str(first)
-        assert len(ran.cells) == 1  # the namespace reset is not left in the notebook
-        with pytest.raises(CellExecutionError, match="left_over"):
-            kernel.run(second / "notebook.ipynb")
+        ran = shared_kernel.run(Path("a") / "notebook.ipynb")
+    assert ran.cells[0].outputs[0]["text"].strip() == str(folders["a"])
+    assert len(ran.cells) == 1  # the namespace reset is not left in the notebook
+    with pytest.raises(CellExecutionError, match="left_over"):
+        shared_kernel.run(folders["b"] / "notebook.ipynb")
+    with pytest.raises(CellExecutionError, match="RaceError"):
+        shared_kernel.run(folders["racy"] / "notebook.ipynb", race_detector=True)
+    ran = shared_kernel.run(folders["racy"] / "notebook.ipynb", race_detector=False)
+    assert ran.cells[0].outputs[0]["text"].strip() == "ran"
 
 
 def test_simulator_false_means_the_gpu(tmp_path, monkeypatch):
