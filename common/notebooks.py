@@ -152,14 +152,7 @@ class SharedKernel:
     """
 
     def __init__(self, env: dict[str, str] | None = None) -> None:
-        # TRITON_INTERPRET: what chapter 12's triton_env sets in the simulator, here from
-        # the start, because an earlier notebook's torch.compile imports Triton first.
-        self.env = {
-            **os.environ,
-            **(env or {}),
-            "NUMBA_ENABLE_CUDASIM": "1",
-            "TRITON_INTERPRET": "1",
-        }
+        self.env = {**os.environ, **(env or {}), "NUMBA_ENABLE_CUDASIM": "1"}
         self.km = None
 
     def run(self, path: Path, timeout: int = CELL_TIMEOUT_S, race_detector: bool | None = None):

@@ -103,6 +103,17 @@ def _select() -> tuple[str, str]:
 
 RUNTIME, REASON = _select()
 
+if RUNTIME == "simulator":
+    # Without a GPU, Triton (chapter 12) runs in its interpreter, which must be chosen
+    # before Triton is first imported (its own tl.sum, tl.max ... are made then), and
+    # torch.compile imports it: so here, with the rest of the runtime choice.
+    TRITON_IMPORTED_TOO_EARLY = (
+        "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
+    )
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    TRITON_IMPORTED_TOO_EARLY = False
+
 # Numba warns "Grid size N will likely result in GPU under-utilization" on every
 # small launch; the course launches small grids on purpose (tests, one-block
 # demos) and measures occupancy where it matters, so the warning is off unless

@@ -12,12 +12,6 @@ import os
 import numpy as np
 import pytest
 
-if is_simulator():
-    # Without a GPU chapter 12 runs Triton in its interpreter, which has to be chosen
-    # before Triton is first imported (chapters/12_triton/triton_env.py); torch.compile
-    # imports it too, and other tests may run it first in the same worker.
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
 
 @pytest.fixture(autouse=True)
 def _interleave_simulated_threads():

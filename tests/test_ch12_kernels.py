@@ -261,7 +261,7 @@ def test_triton_imported_before_the_interpreter_was_chosen_is_refused():
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = (
-        "import common, triton\n"
+        "import triton, common\n"
         "from common.internal.exercises import load_chapter_module\n"
         "load_chapter_module('12_triton', 'triton_env')\n"
     )

@@ -27,7 +27,7 @@ https://triton-lang.org/main/getting-started/tutorials/, whose 01 vector add,
 
 All tensors are torch float32 and contiguous, on one device: CUDA tensors on a GPU;
 without one Triton runs in its interpreter (``TRITON_INTERPRET=1``, set by
-triton_env.py) on CPU tensors, one program at a time, in NumPy. The checks compare
+common.runtime) on CPU tensors, one program at a time, in NumPy. The checks compare
 with float64 references on sizes that are not multiples of the block (one element,
 one row, N a power of two and not), with fresh random data, outputs pre-filled with
 NaN and NaN guard cells around every tensor: a lane left unmasked reads or writes

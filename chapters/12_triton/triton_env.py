@@ -2,7 +2,7 @@
 
 Import it from a chapter script as ``triton_env = import_sibling(__file__, "triton_env")``
 and use ``triton_env.triton`` / ``triton_env.tl``. Without a GPU (the course's simulator
-mode) this sets ``TRITON_INTERPRET=1`` before Triton is imported, so ``@triton.jit``
+mode) ``common.runtime`` has set ``TRITON_INTERPRET=1`` before Triton is imported, so ``@triton.jit``
 kernels run on the CPU with NumPy, one program instance at a time: slow, so tests keep
 shapes small; no autotuning, no bfloat16, nothing timed. Where Triton is not installed
 (it ships wheels for Linux x86-64 only), :data:`MISSING` says so in one line, scripts print
@@ -13,22 +13,21 @@ Versions: the GPU machine's torch 2.11 pins Triton 3.6; a CPU-only install gets 
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import runtime
 from common.runtime import is_simulator
 
 import os
-import sys
 
 if is_simulator():
-    # Read when Triton is imported (its own tl.sum, tl.max ... are @triton.jit functions
-    # made then) and when each kernel is defined: set before either.
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    # common.runtime sets TRITON_INTERPRET=1 in the simulator; a process that imported
+    # Triton before common (or set the variable otherwise) cannot run the kernels.
+    if runtime.TRITON_IMPORTED_TOO_EARLY or os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "Triton was imported before chapter 12 could switch it to its interpreter "
             "(no GPU here; torch.compile imports Triton), so its kernels cannot run. "
             "Import the chapter's modules first in a fresh process or kernel (restart "
             "it), or set TRITON_INTERPRET=1 in the environment before starting it."
         )
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import triton
