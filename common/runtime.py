@@ -121,6 +121,21 @@ else:
 os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
 
+def cache_dir(name: str) -> Path:
+    """The course's cache folder for ``name`` (a dataset, measured peaks, compiled kernels):
+    ``$XDG_CACHE_HOME/cuda-python-course/<name>``, ``~/.cache`` by default."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(root) / "cuda-python-course" / name
+
+
+# Kernels declared with cache=True (the capstone's) are compiled once and kept on
+# disk, here unless NUMBA_CACHE_DIR says otherwise (numba reads it at import). Numba
+# recompiles where the source file, the GPU's compute capability or numba-cuda's
+# version changed; deleting the folder clears it.
+os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir("numba")))
+KERNEL_CACHE_DIR = Path(os.environ["NUMBA_CACHE_DIR"])
+
+
 def is_simulator() -> bool:
     """True when kernels run in Numba's CUDA simulator rather than on a GPU."""
     return RUNTIME == "simulator"
@@ -188,13 +203,6 @@ def jit(func_or_sig: Any = None, **options: Any) -> Any:
     if func_or_sig is None:
         return cuda.jit(**options)
     return cuda.jit(func_or_sig, **options)
-
-
-def cache_dir(name: str) -> Path:
-    """The course's cache folder for ``name`` (a dataset, measured peaks):
-    ``$XDG_CACHE_HOME/cuda-python-course/<name>``, ``~/.cache`` by default."""
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(root) / "cuda-python-course" / name
 
 
 def device_name() -> str:

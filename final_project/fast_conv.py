@@ -378,7 +378,7 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
     smem = 4 * (A_SIZE + B_SIZE) + (8 * (RED + RED2) if FORWARD else 0)
     assert smem <= SMEM_LIMIT, f"{smem} bytes of shared memory; use a smaller bk"
 
-    @jit(launch_bounds=(THREADS, MIN_BLOCKS))
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS), cache=True)
     def conv2d_igemm(
         x, w, b, out, bn_partials, batch, c_in, height, width, c_out, h_out, w_out, pad, k_tiles
     ):
@@ -751,7 +751,7 @@ def make_conv2d_direct(TXP, TP, TYC, TC, KSIZE, CI_CHUNK, MIN_BLOCKS=2):
     assert KSIZE <= 31, "row and column masks share one int64"
     assert 4 * W_SIZE + 8 * (RED + RED2) <= SMEM_LIMIT, "shared memory over 48 KiB"
 
-    @jit(launch_bounds=(THREADS, MIN_BLOCKS))
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS), cache=True)
     def conv2d_direct(
         x, w, b, out, bn_partials, batch, c_in, height, width, c_out, h_out, w_out, pad
     ):
@@ -978,7 +978,7 @@ def make_conv2d_grad_weight_igemm(BM, BN, BK, TM, TN, MIN_BLOCKS=2):
     assert THREADS % BK == 0 and BM % RA == 0 and BN % RA == 0, "uneven loads"
     assert 4 * (A_SIZE + B_SIZE + 3 * BN) <= SMEM_LIMIT, "shared memory over 48 KiB"
 
-    @jit(launch_bounds=(THREADS, MIN_BLOCKS))
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS), cache=True)
     def conv2d_grad_weight_igemm(
         dout, x, partials, batch, c_in, height, width, c_out, h_out, w_out, ksize, pad, chunk
     ):

@@ -95,7 +95,7 @@ def make_partials_finalize(THREADS_R):
         cuda.syncthreads()
         tree_sum_pair(s0, s1, t, THREADS_R)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bn_stats_finalize(
         partials,
         count,
@@ -133,7 +133,7 @@ def make_partials_finalize(THREADS_R):
             scale[c] = sc
             shift[c] = beta[c] - mu * sc
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bn_backward_finalize(partials, dgamma, dbeta):
         c = cuda.blockIdx.x
         s0 = cuda.shared.array(THREADS_R, float64)
@@ -197,7 +197,7 @@ def bn_backward_finalize(partials, dgamma, dbeta, stream=0) -> None:
 
 # Thread per channel: evaluation mode folds the running statistics into the
 # same scale/shift the fused kernel applies.
-@cuda.jit
+@cuda.jit(cache=True)
 def bn_eval_scale_shift_kernel(gamma, beta, running_mean, running_var, eps, scale, shift):
     c = cuda.grid(1)
     if c < scale.shape[0]:
@@ -248,7 +248,7 @@ def _this_window(pooled):
 # passes). max(relu(a), relu(b)) = relu(max(a, b)): ReLU and pooling commute,
 # but the argmax must still be taken on the ReLU outputs, first maximum winning
 # in row-major order, as torch's max_pool2d does (ties among zeros included).
-@cuda.jit
+@cuda.jit(cache=True)
 def bn_relu_maxpool_forward_kernel(z, scale, shift, pooled, argmax):
     n, c, ph, pw = _this_window(pooled)
     if c < 0:
@@ -314,7 +314,7 @@ def make_bn_backward_reduce(BLOCK, MIN_BLOCKS=5):
     The sums are added in the order j takes, as one element an iteration would.
     """
 
-    @jit(launch_bounds=(BLOCK, MIN_BLOCKS))
+    @jit(launch_bounds=(BLOCK, MIN_BLOCKS), cache=True)
     def bn_relu_maxpool_backward_reduce(
         dpooled, argmax, z, mean, invstd, scale, shift, images_per_block, partials
     ):
@@ -411,7 +411,7 @@ def bn_relu_maxpool_backward_reduce(
 # Thread per 2x2 window: dz = gamma invstd / M (M dy - sum dy - xhat sum(dy xhat))
 # for its 4 conv outputs, dy being the pooled gradient at the window's winner
 # (if its ReLU was open) and 0 elsewhere: one read of z, one write of dz.
-@cuda.jit
+@cuda.jit(cache=True)
 def bn_relu_maxpool_backward_dx_kernel(
     dpooled, argmax, z, mean, invstd, scale, shift, gamma, dgamma, dbeta, dz
 ):
@@ -479,7 +479,7 @@ def make_gemm_splitk(
     NTX = BN // TN
     NTHREADS = NTX * (BM // TM)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def gemm_splitk(a, b, chunk, c):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
@@ -599,7 +599,7 @@ def splitk_partials_size(m: int, j: int, k: int) -> int:
 
 
 def make_splitk_reduce_bias(RELU):
-    @cuda.jit
+    @cuda.jit(cache=True)
     def splitk_reduce_bias(partials, splits, bias, y):
         i = cuda.grid(1)
         if i >= y.size:
@@ -631,7 +631,7 @@ def make_splitk_reduce_weight_bias(OUTS, LANES, UNROLL=4):
     s_count = S, n_cols = J, total = O * J)."""
     THREADS = OUTS * LANES
 
-    @jit
+    @jit(cache=True)
     def splitk_reduce_weight_bias(partials, dw, db, s_count, n_cols, total):
         red = cuda.shared.array(THREADS, float64)
         vals = cuda.local.array(UNROLL, float32)
@@ -739,7 +739,7 @@ CLS_MAX_CLASSES = 32  # threads along the class axis (num_classes must fit)
 CLS_MAX_HIDDEN = 1024  # fc2 inputs staged in shared memory
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def classifier_fused_kernel(h, w, b, labels, logits, row_loss, dlogits, dh):
     # Block (CLS_MAX_CLASSES, CLS_ROWS): thread (c, r) owns logit (n0 + r, c).
     c = cuda.threadIdx.x
@@ -827,7 +827,7 @@ def classifier_fused(h, w, b, labels, logits, row_loss, dlogits, dh, stream=0) -
 MEAN_THREADS = pick(gpu=256, simulator=16)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def mean_reduce_kernel(values, out):
     t = cuda.threadIdx.x
     acc = 0.0

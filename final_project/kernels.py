@@ -93,7 +93,7 @@ def nchw_index(i, channels, height, width):
 
 # Thread per output: Ci*K*K multiply-adds, each reading one x and one w element
 # from global memory (2 loads per FMA, cached in L1/L2 by reuse across threads).
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_forward_naive(x, w, b, pad, out):
     i = cuda.grid(1)
     if i >= out.size:
@@ -124,7 +124,7 @@ def conv2d_forward(x, w, b, pad: int, out) -> None:
 # Thread per input element: it gathers every output it fed, out[oh, ow] with
 # oh = h + pad - kh, so no two threads write the same dx (no atomics).
 # Co*K*K multiply-adds per thread.
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_grad_input_naive(dout, w, pad, dx):
     i = cuda.grid(1)
     if i >= dx.size:
@@ -156,7 +156,7 @@ def conv2d_grad_input(dout, w, pad: int, dx) -> None:
 # loop: the first place a faster version splits the sum (fast_conv.py's
 # split-K weight gradient). Its loops mirror conv2d_grad_input_naive's with the
 # roles of the summed and the owned indices swapped: two kernels, on purpose.
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_grad_weight_naive(dout, x, pad, dw):
     i = cuda.grid(1)
     if i >= dw.size:
@@ -184,7 +184,7 @@ def conv2d_grad_weight(dout, x, pad: int, dw) -> None:
 
 
 # Thread per channel: sums N*H*W values (float64 accumulator).
-@cuda.jit
+@cuda.jit(cache=True)
 def channel_sum_naive(t, out):
     c = cuda.grid(1)
     if c >= out.size:
@@ -211,7 +211,7 @@ def conv2d_grad_bias(dout, db) -> None:
 # Thread per channel, two passes over its N*H*W values (mean, then the biased
 # variance around it: more accurate than E[x^2] - E[x]^2). Also updates the
 # running statistics with the *unbiased* variance, as torch does.
-@cuda.jit
+@cuda.jit(cache=True)
 def batchnorm_stats_naive(x, eps, momentum, mean, invstd, running_mean, running_var):
     c = cuda.grid(1)
     if c >= mean.size:
@@ -239,7 +239,7 @@ def batchnorm_stats_naive(x, eps, momentum, mean, invstd, running_mean, running_
 
 # Thread per element: one read of x, one write each of xhat (saved for the
 # backward pass) and y.
-@cuda.jit
+@cuda.jit(cache=True)
 def batchnorm_normalize_naive(x, mean, invstd, gamma, beta, xhat, y):
     i = cuda.grid(1)
     if i >= x.size:
@@ -267,7 +267,7 @@ def batchnorm_forward_train(
 
 
 # Thread per element: evaluation mode uses the running statistics, nothing is updated.
-@cuda.jit
+@cuda.jit(cache=True)
 def batchnorm_eval_naive(x, running_mean, running_var, gamma, beta, eps, y):
     i = cuda.grid(1)
     if i >= x.size:
@@ -284,7 +284,7 @@ def batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps: float
 
 
 # Thread per channel: the two sums the input gradient needs, over N*H*W.
-@cuda.jit
+@cuda.jit(cache=True)
 def batchnorm_backward_reduce_naive(dy, xhat, dgamma, dbeta):
     c = cuda.grid(1)
     if c >= dgamma.size:
@@ -304,7 +304,7 @@ def batchnorm_backward_reduce_naive(dy, xhat, dgamma, dbeta):
 
 # Thread per element: dx = gamma invstd / M (M dy - sum dy - xhat sum(dy xhat)),
 # M = N*H*W (Ioffe and Szegedy 2015, section 3, simplified).
-@cuda.jit
+@cuda.jit(cache=True)
 def batchnorm_backward_dx_naive(dy, xhat, gamma, invstd, dgamma, dbeta, dx):
     i = cuda.grid(1)
     if i >= dx.size:
@@ -330,7 +330,7 @@ def batchnorm_backward(dy, xhat, gamma, invstd, dgamma, dbeta, dx) -> None:
 
 
 # Thread per element: one read, one write (memory-bound: 8 bytes per element).
-@cuda.jit
+@cuda.jit(cache=True)
 def relu_forward_naive(x, y):
     i = cuda.grid(1)
     if i < y.size:
@@ -339,7 +339,7 @@ def relu_forward_naive(x, y):
 
 
 # Thread per element: the gradient passes where the forward input was positive.
-@cuda.jit
+@cuda.jit(cache=True)
 def relu_backward_naive(dy, x, dx):
     i = cuda.grid(1)
     if i < dx.size:
@@ -367,7 +367,7 @@ def relu_backward(dy, x, dx) -> None:
 
 # Thread per output: reads its 2x2 window, keeps the first maximum in row-major
 # order (as torch does) and its flat index into x, for the backward pass.
-@cuda.jit
+@cuda.jit(cache=True)
 def maxpool2x2_forward_naive(x, out, argmax):
     i = cuda.grid(1)
     if i >= out.size:
@@ -397,7 +397,7 @@ def maxpool2x2_forward(x, out, argmax) -> None:
 
 # Thread per *input* element: it looks up its window's argmax and takes the
 # gradient if it is the winner, else writes 0. Every dx element is written once.
-@cuda.jit
+@cuda.jit(cache=True)
 def maxpool2x2_backward_naive(dout, argmax, dx):
     i = cuda.grid(1)
     if i >= dx.size:
@@ -425,7 +425,7 @@ def maxpool2x2_backward(dout, argmax, dx) -> None:
 
 # Thread per output (n, o): an I-long dot product, 2 loads per FMA (no reuse
 # through shared memory: the matmul chapter's tiling is the faster version).
-@cuda.jit
+@cuda.jit(cache=True)
 def linear_forward_naive(x, w, b, y):
     i = cuda.grid(1)
     if i >= y.size:
@@ -445,7 +445,7 @@ def linear_forward(x, w, b, y) -> None:
 
 
 # Thread per input element (n, i): an O-long dot product with a column of W.
-@cuda.jit
+@cuda.jit(cache=True)
 def linear_grad_input_naive(dy, w, dx):
     i = cuda.grid(1)
     if i >= dx.size:
@@ -460,7 +460,7 @@ def linear_grad_input_naive(dy, w, dx):
 
 
 # Thread per weight (o, i): an N-long sum over the batch (float64 accumulator).
-@cuda.jit
+@cuda.jit(cache=True)
 def linear_grad_weight_naive(dy, x, dw):
     i = cuda.grid(1)
     if i >= dw.size:
@@ -475,7 +475,7 @@ def linear_grad_weight_naive(dy, x, dw):
 
 
 # Thread per output feature: sums its column of dy over the batch.
-@cuda.jit
+@cuda.jit(cache=True)
 def linear_grad_bias_naive(dy, db):
     o = cuda.grid(1)
     if o >= db.size:
@@ -503,7 +503,7 @@ def linear_backward(dy, x, w, dx, dw, db) -> None:
 # Thread per row: max, log-sum-exp around it (no overflow), C log-probabilities,
 # and the row's loss. A label outside [0, C) gives a NaN loss (a device-side
 # check: the host never looks at the labels).
-@cuda.jit
+@cuda.jit(cache=True)
 def log_softmax_nll_forward_naive(logits, labels, logprobs, row_loss):
     n = cuda.grid(1)
     if n >= logits.shape[0]:
@@ -527,7 +527,7 @@ def log_softmax_nll_forward_naive(logits, labels, logprobs, row_loss):
 
 # One thread sums the N row losses in order: deterministic, and N <= a few
 # thousand, so the serial loop costs microseconds.
-@cuda.jit
+@cuda.jit(cache=True)
 def mean_naive(values, out):
     if cuda.grid(1) == 0:
         acc = float64(0.0)
@@ -547,7 +547,7 @@ def log_softmax_nll_forward(logits, labels, logprobs, row_loss, loss) -> None:
 
 
 # Thread per logit: d(mean loss)/d logit = (softmax - onehot(label)) / N.
-@cuda.jit
+@cuda.jit(cache=True)
 def log_softmax_nll_backward_naive(logprobs, labels, dlogits):
     i = cuda.grid(1)
     if i >= dlogits.size:
@@ -567,7 +567,7 @@ def log_softmax_nll_backward(logprobs, labels, dlogits) -> None:
 
 
 # Thread per row: index of the first largest logit.
-@cuda.jit
+@cuda.jit(cache=True)
 def argmax_rows_naive(logits, out):
     n = cuda.grid(1)
     if n >= logits.shape[0]:
@@ -591,7 +591,7 @@ def argmax_rows(logits, out) -> None:
 
 # Thread per parameter: 12 bytes of traffic per element (read p and g, write p).
 # The model keeps all parameters in one flat buffer, so one launch updates them all.
-@cuda.jit
+@cuda.jit(cache=True)
 def sgd_update_naive(params, grads, lr):
     i = cuda.grid(1)
     if i < params.size:
