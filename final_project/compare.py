@@ -715,7 +715,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"numba (ours, {ftrain.describe_kernels(args)}):")
         t0 = time.perf_counter()
+        job = ftrain.start_precompile(args, config, (batches, test_batches))
         model = ftrain.make_model(args, config, init)
+        if job is not None:
+            print("  " + job.wait())
         numba_hist = ftrain.train(
             model,
             batches,

@@ -124,6 +124,13 @@ class EpochBatches:
     def __len__(self) -> int:
         return self.num_batches
 
+    def batch_sizes(self) -> tuple[int, ...]:
+        """The distinct batch sizes of an epoch: (batch_size,), and the last,
+        smaller batch's size when it is kept."""
+        last = self.count - (self.num_batches - 1) * self.batch_size
+        full = (self.batch_size,) if self.num_batches > 1 and last != self.batch_size else ()
+        return (*full, last)
+
     def host(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Batch ``i`` in host memory: x (b, C, H, W) float32, y (b,) int32."""
         lo = i * self.batch_size

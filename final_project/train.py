@@ -39,7 +39,7 @@ from common.internal import racecheck
 # isort: on
 from common.checking import CheckError
 from common.harness import positive_float, positive_int
-from common.runtime import device_name
+from common.runtime import KERNEL_CACHE_DIR, device_name
 
 import argparse
 import dataclasses
@@ -47,6 +47,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ import numpy as np
 from numba import cuda
 
 from final_project import data as fdata
-from final_project import datasets
+from final_project import datasets, precompile
 from final_project.checks import check_train_step
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN, init_params
@@ -210,6 +211,16 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         "on a GPU; the simulator has no graphs)",
     )
     t.add_argument(
+        "--compile-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="compile the fast kernels before the first step in N processes "
+        f"(default {precompile.default_workers()} here; 0: the first step compiles them). "
+        f"Compiled kernels are kept in {KERNEL_CACHE_DIR} (NUMBA_CACHE_DIR moves it) and "
+        "loaded by later runs; delete that folder to compile afresh",
+    )
+    t.add_argument(
         "--tiny",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -253,7 +264,25 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
         parser.error("--graph needs a GPU: the simulator has no CUDA graphs")
     if args.graph is None:
         args.graph = args.kernels == "fast" and not common.is_simulator()
+    if args.compile_workers is not None and args.compile_workers < 0:
+        parser.error(f"--compile-workers must be 0 or more, got {args.compile_workers}")
     return args
+
+
+def start_precompile(
+    args: argparse.Namespace,
+    config: NetConfig,
+    batches: Sequence[fdata.EpochBatches],
+    extra_train_sizes: Sequence[int] = (),
+) -> precompile.Job | None:
+    """Start compiling the fast kernels for these training and evaluation batches
+    (the first of ``batches`` trains, the rest evaluate) in ``--compile-workers``
+    processes (:mod:`final_project.precompile`); None for the naive kernels."""
+    if args.kernels != "fast":
+        return None
+    train_sizes = [*batches[0].batch_sizes(), *extra_train_sizes]
+    eval_sizes = [n for b in batches[1:] for n in b.batch_sizes()]
+    return precompile.start(config, train_sizes, eval_sizes, workers=args.compile_workers)
 
 
 def describe_kernels(args: argparse.Namespace) -> str:
@@ -435,6 +464,7 @@ def train(
     losses = cuda.device_array(len(train_batches), np.float32)
     history = []
     step = 0
+    first_step_s = None
     total = (
         epochs * len(train_batches)
         if max_steps is None
@@ -479,6 +509,9 @@ def train(
                 model.train_step(x_dev, y_dev, lr)
                 losses[i : i + 1].copy_to_device(model.loss)
             step += 1
+            if step == 1:
+                cuda.synchronize()
+                first_step_s = time.perf_counter() - t0
             if progress and (i % 50 == 49 or i == n_steps - 1):
                 bar.set_postfix(loss=f"{float(losses[i : i + 1].copy_to_host()[0]):.4f}")
             if log_every and (step % log_every == 0 or step == total):
@@ -510,6 +543,7 @@ def train(
             "test_accuracy": acc,
             "ms_per_step": ms,
             "seconds": time.perf_counter() - t0,
+            "first_step_seconds": first_step_s if epoch == 1 else None,
             "losses": epoch_losses.tolist(),
         }
         history.append(row)
@@ -518,6 +552,11 @@ def train(
             f"test accuracy {acc:.2f}% on {test_batches.count} images, "
             + (f"{ms:.3f} ms/step, " if ms is not None else "")
             + f"{row['seconds']:.1f} s"
+            + (
+                f" (the first step {first_step_s:.2f} s: it compiles or loads every kernel)"
+                if epoch == 1
+                else ""
+            )
         )
     return history
 
@@ -647,7 +686,10 @@ def main(argv: list[str] | None = None) -> int:
     test_batches = fdata.EpochBatches(x_test, y_test, args.batch_size, drop_last=False)
 
     config = net_config(args)
+    job = start_precompile(args, config, (train_batches, test_batches))
     model = make_model(args, config, init_params(config, args.seed))
+    if job is not None:
+        print(job.wait())
     check_every = None
     if args.check:
         check_every = args.check_every or (TINY.check_every if args.tiny else DEFAULT_CHECK_EVERY)

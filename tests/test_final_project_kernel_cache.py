@@ -93,34 +93,251 @@ def test_this_process_uses_the_folder_it_names():
     assert Path(config.CACHE_DIR) == runtime.KERNEL_CACHE_DIR
 
 
+# One training step and one evaluation forward of a small FastCNN in a fresh process,
+# printing every kernel's numba cache counters as JSON {name: [hits, misses]}.
+_STEP_AND_COUNT = (
+    "import common, gc, json, numpy as np\n"
+    "from final_project.fast_model import FastCNN\n"
+    "from final_project.model import NetConfig\n"
+    "from final_project import checks\n"
+    "c = NetConfig(height=8, width=8, c1=2, c2=4, hidden=16)\n"
+    "m = FastCNN(c, max_batch=4, seed=0, graph=False)\n"
+    "x, y = checks.random_batch(c, 4, np.random.default_rng(0))\n"
+    "m.train_step(x, y, 0.01); m.predict(x); m.synchronize()\n"
+    "ks = [o for o in gc.get_objects() if type(o).__name__ == 'CUDADispatcher']\n"
+    "counts = {}\n"
+    "for k in ks:\n"
+    "    try:\n"
+    "        s = k.stats\n"
+    "    except AttributeError:\n"  # a device function: compiled into its kernels
+    "        continue\n"
+    "    h, mi = sum(s.cache_hits.values()), sum(s.cache_misses.values())\n"
+    "    if h or mi:\n"
+    "        name = k.py_func.__qualname__ + ':' + str(k.py_func.__code__.co_firstlineno)\n"
+    "        old = counts.get(name, [0, 0])\n"
+    "        counts[name] = [old[0] + h, old[1] + mi]\n"
+    "print(json.dumps(counts))\n"
+)
+SMALL_SPEC = (
+    '{"config": {"in_channels": 1, "height": 8, "width": 8, "c1": 2, "c2": 4, "hidden": 16, '
+    '"num_classes": 10, "bn_eps": 1e-05, "bn_momentum": 0.1}, "train_sizes": [4], '
+    '"eval_sizes": [4], "conv1": "direct"}'
+)
+
+
+def _run(code_or_args, env):
+    args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
+    done = subprocess.run(
+        [sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _gpu_env(cache):
+    return {**os.environ, "NUMBA_CACHE_DIR": str(cache), "NUMBA_ENABLE_CUDASIM": "0"}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     common.is_simulator(), reason="needs a real GPU (the simulator compiles nothing)"
 )
 def test_a_second_process_loads_the_cached_kernels(tmp_path):
-    # One training step in a fresh process fills an empty cache (every kernel a miss);
-    # a second process with the same cache then loads every kernel (hits, no miss).
-    code = (
-        "import common, gc, json, numpy as np\n"
-        "from final_project.fast_model import FastCNN\n"
-        "from final_project.model import NetConfig\n"
-        "from final_project import checks\n"
-        "c = NetConfig(height=8, width=8, c1=2, c2=4, hidden=16)\n"
-        "m = FastCNN(c, max_batch=4, seed=0)\n"
-        "x, y = checks.random_batch(c, 4, np.random.default_rng(0))\n"
-        "m.loss_and_grads(x, y); m.synchronize()\n"
-        "ks = [o for o in gc.get_objects() if type(o).__name__ == 'CUDADispatcher']\n"
-        "print(json.dumps([sum(sum(k.stats.cache_hits.values()) for k in ks),\n"
-        "                  sum(sum(k.stats.cache_misses.values()) for k in ks)]))\n"
-    )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "NUMBA_ENABLE_CUDASIM": "0"}
-    counts = []
-    for _ in range(2):
-        done = subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    # A fresh process fills an empty cache (every kernel compiled: a miss); a second
+    # process with the same cache then loads every kernel (no miss at all).
+    env = _gpu_env(tmp_path)
+    first = json.loads(_run(_STEP_AND_COUNT, env))
+    second = json.loads(_run(_STEP_AND_COUNT, env))
+    assert sum(m for _, m in first.values()) >= 10, first
+    compiled_again = {k: v for k, v in second.items() if v[1]}
+    assert not compiled_again, f"compiled again in the second process: {compiled_again}"
+    assert set(second) == set(first), (first, second)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    common.is_simulator(), reason="needs a real GPU (the simulator compiles nothing)"
+)
+def test_precompile_workers_leave_every_kernel_in_the_cache(tmp_path):
+    # Three workers share the step's kernels; none launches anything. A process
+    # running the same step afterwards compiles nothing.
+    env = _gpu_env(tmp_path)
+    compiled = []
+    for k in range(3):
+        out = _run(
+            ["-m", "final_project.precompile", "--worker", f"{k}/3", "--spec", SMALL_SPEC], env
         )
-        assert done.returncode == 0, done.stderr
-        counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    (hits1, misses1), (hits2, misses2) = counts
-    assert misses1 > 0 and hits1 == 0, counts  # compiled, and written
-    assert misses2 == 0 and hits2 == misses1, counts  # every one loaded
+        compiled.append([name for name, _, _ in json.loads(out)])
+    assert all(compiled), compiled  # each worker had a share
+    after = json.loads(_run(_STEP_AND_COUNT, env))
+    compiled_again = {k: v for k, v in after.items() if v[1]}
+    assert not compiled_again, f"left for the run to compile: {compiled_again}"
+    assert sum(h for h, _ in after.values()) >= 10, after
+
+
+# -- compile_only and the precompile bookkeeping, without a GPU ------------------------
+
+
+class FakeDispatcher:
+    """Stands in for numba's CUDADispatcher: records compiles and real launches."""
+
+    compiles: list = []
+    launches: list = []
+
+    def __init__(self, name):
+        self.__name__ = name
+
+    def typeof_pyval(self, value):
+        return type(value).__name__
+
+    def compile(self, types):
+        FakeDispatcher.compiles.append((self.__name__, types))
+
+    def call(self, args, launch_config=None):
+        FakeDispatcher.launches.append(self.__name__)
+
+
+def _launch_sequence():
+    a, b, c = FakeDispatcher("a"), FakeDispatcher("b"), FakeDispatcher("c")
+    # 5 distinct (kernel, types) pairs, some launched more than once
+    return [(a, (1,)), (b, (1.0,)), (a, (1,)), (a, ("s",)), (c, (1,)), (b, (2.0,)), (c, (1.5,))]
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 5, 7])
+def test_compile_only_shares_every_kernel_once_and_launches_none(shards):
+    from common.kernel_cache import compile_only
+
+    launches = _launch_sequence()
+    real_call = FakeDispatcher.call
+    FakeDispatcher.compiles, FakeDispatcher.launches = [], []
+    shares = []
+    for shard in range(shards):
+        before = len(FakeDispatcher.compiles)
+        with compile_only(shard, shards, FakeDispatcher) as plan:
+            for d, args in launches:
+                d.call(args, None)
+        shares.append(FakeDispatcher.compiles[before:])
+        assert [(n, t) for n, t, _ in plan.compiled] == shares[-1]
+    assert FakeDispatcher.call is real_call  # the launch path is given back
+    assert FakeDispatcher.launches == []  # nothing ran
+    every = [x for share in shares for x in share]
+    assert sorted(every) == sorted(
+        {
+            (
+                d.__name__,
+                ("int",)
+                if isinstance(a[0], int)
+                else ("float",)
+                if isinstance(a[0], float)
+                else ("str",),
+            )
+            for d, a in launches
+        }
+    )
+    assert len(every) == len(set(every)) == 5  # each pair compiled by exactly one shard
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1  # evenly shared
+
+
+def test_compile_only_gives_back_the_launch_path_after_an_error():
+    from common.kernel_cache import compile_only
+
+    real_call = FakeDispatcher.call
+    with pytest.raises(ZeroDivisionError):
+        with compile_only(0, 1, FakeDispatcher):
+            raise ZeroDivisionError
+    assert FakeDispatcher.call is real_call
+
+
+@pytest.mark.parametrize("shard,shards", [(0, 0), (2, 2), (-1, 3)])
+def test_compile_only_refuses_a_shard_out_of_range(shard, shards):
+    from common.kernel_cache import compile_only
+
+    with pytest.raises(ValueError, match="shard must be in"):
+        with compile_only(shard, shards, FakeDispatcher):
+            pass
+
+
+@pytest.mark.skipif(not common.is_simulator(), reason="the simulator's refusal")
+def test_compile_only_refuses_the_simulator():
+    from common.kernel_cache import compile_only
+
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        with compile_only(0, 1):
+            pass
+
+
+def test_precompile_record_key_follows_the_spec_and_the_device():
+    from final_project import precompile
+    from final_project.model import NetConfig
+
+    spec = precompile.Spec(NetConfig(), (64,), (64, 16))
+    assert precompile.Spec.from_json(spec.to_json()) == spec
+    key = precompile.record_key(spec, "GPU A", "0.30.4")
+    assert key == precompile.record_key(spec, "GPU A", "0.30.4")
+    others = {
+        precompile.record_key(precompile.Spec(NetConfig(), (256,), (64, 16)), "GPU A", "0.30.4"),
+        precompile.record_key(
+            precompile.Spec(NetConfig(c2=32), (64,), (64, 16)), "GPU A", "0.30.4"
+        ),
+        precompile.record_key(spec, "GPU B", "0.30.4"),
+        precompile.record_key(spec, "GPU A", "0.31.0"),
+    }
+    assert key not in others and len(others) == 4
+
+
+def test_precompile_record_key_follows_the_kernel_sources(monkeypatch, tmp_path):
+    from final_project import precompile
+    from final_project.model import NetConfig
+
+    spec = precompile.Spec(NetConfig(), (64,))
+    for rel in precompile.SOURCES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes((ROOT / rel).read_bytes())
+    monkeypatch.setattr(precompile, "ROOT", tmp_path)
+    key = precompile.record_key(spec, "GPU", "v")
+    edited = tmp_path / "final_project" / "fast_conv.py"
+    edited.write_text(edited.read_text() + "\n# a learner's edit\n")
+    assert precompile.record_key(spec, "GPU", "v") != key
+
+
+@pytest.mark.skipif(not common.is_simulator(), reason="the simulator's behaviour")
+def test_precompile_in_the_simulator_starts_nothing_and_says_so():
+    from final_project import precompile
+    from final_project.model import NetConfig
+
+    job = precompile.start(NetConfig(), (4,), (4,), workers=4)
+    assert job.procs == [] and "simulator" in job.wait()
+    done = subprocess.run(
+        [sys.executable, "-m", "final_project.precompile"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "NUMBA_ENABLE_CUDASIM": "1"},
+    )
+    assert done.returncode == 2 and "needs a GPU" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "n,batch,drop_last,want",
+    [
+        (10, 4, True, (4,)),
+        (10, 4, False, (4, 2)),
+        (8, 4, False, (4,)),
+        (3, 4, False, (3,)),
+        (1, 1, False, (1,)),
+    ],
+)
+def test_epoch_batch_sizes(n, batch, drop_last, want):
+    import numpy as np
+
+    from final_project.data import EpochBatches
+
+    b = EpochBatches(
+        np.zeros((n, 1, 2, 2), np.float32),
+        np.zeros(n, np.int32),
+        batch,
+        drop_last=drop_last,
+        pinned=False,
+    )
+    assert b.batch_sizes() == want
