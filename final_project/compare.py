@@ -23,9 +23,12 @@ Three parts, one run:
    After ``--time-warmup`` untimed steps (20), each of ``--time-windows``
    windows (5) of ``--time-steps`` consecutive steps (50) is timed between two
    CUDA events; the median window divided by its steps is reported (the naive
-   kernels: 3 windows of ``--naive-steps``). Torch runs in full FP32 (TF32
-   off, as our kernels) unless ``--torch-tf32``; cuDNN picks its algorithms by
-   its heuristics (``cudnn.benchmark`` off, torch's default).
+   kernels: 3 windows of ``--naive-steps``). On a GPU each torch configuration
+   runs twice, with cuDNN picking its convolution algorithms by its heuristics
+   (``cudnn.benchmark`` off, torch's default) and by timing them
+   (``+benchmark``), and the whole table twice (``--torch-precision``): torch in
+   full FP32 (TF32 off, as our kernels), then with TF32 tensor cores on
+   (cuDNN's default for convolutions); our kernels are FP32 in both.
 3. On a GPU, the fast step stage by stage (:func:`stage_breakdown`): GPU time,
    GFLOP/s or GB/s, and the fraction of the device's measured peaks.
 
@@ -161,9 +164,68 @@ TIME_WARMUP = 20  # untimed steps first
 NAIVE_STEPS = 3  # steps per window of the naive kernels (hundreds of ms a step)
 
 
+# A torch configuration run with torch.backends.cudnn.benchmark on ends with this.
+BENCHMARK = " +benchmark"
+# torch's precision in a timing table: "fp32" turns TF32 off for cuDNN and cuBLAS (our
+# kernels are FP32 throughout); "tf32" turns it on for both (PyTorch's default is on
+# for cuDNN convolutions, off for matmuls).
+TORCH_PRECISIONS = ("fp32", "tf32")
+
+
 def all_configs(device: torch.device) -> list[str]:
-    """Every configuration that runs here: OURS, then torch's on ``device``."""
-    return list(OURS) + ["torch " + c for c in available_configs(device)]
+    """Every configuration that runs here: OURS, then torch's on ``device``, each
+    torch one also with ``cudnn.benchmark`` on where cuDNN runs (CUDA)."""
+    names = ["torch " + c for c in available_configs(device)]
+    if torch.device(device).type == "cuda":
+        names = [n + b for n in names for b in ("", BENCHMARK)]
+    return list(OURS) + names
+
+
+def torch_step_args(name: str) -> tuple[str, bool]:
+    """("eager", True) for "torch eager +benchmark": the torch_configs name and
+    whether cudnn.benchmark is on."""
+    bench = name.endswith(BENCHMARK)
+    return name.removeprefix("torch ").removesuffix(BENCHMARK), bench
+
+
+def set_torch_precision(precision: str) -> None:
+    """TF32 off ("fp32") or on ("tf32") for torch's cuDNN convolutions and cuBLAS
+    matmuls, for everything torch runs after.
+
+    Raises:
+        ValueError: another precision.
+    """
+    if precision not in TORCH_PRECISIONS:
+        raise ValueError(f"torch precision must be one of {TORCH_PRECISIONS}, got {precision!r}")
+    torch.backends.cudnn.allow_tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+
+
+def summarise(row: dict[str, Any]) -> dict[str, Any]:
+    """Add "best_torch" (the fastest torch configuration) and
+    "fast_graph_over_best_torch" to a timing row, where both sides were timed."""
+    row.pop("best_torch", None)
+    row.pop("fast_graph_over_best_torch", None)
+    torch_ms = {k: v for k, v in row["ms"].items() if k.startswith("torch") and v}
+    ours = row["ms"].get("numba fast graph")
+    if torch_ms and ours:
+        best = min(torch_ms, key=torch_ms.get)
+        row["best_torch"] = best
+        row["fast_graph_over_best_torch"] = ours / torch_ms[best]
+    return row
+
+
+def with_our_rows(
+    rows: list[dict[str, Any]], ours_from: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``rows`` (torch only, in another precision) with our configurations' times
+    taken from ``ours_from`` at the same batch sizes (ours do not change with
+    torch's precision), summarised again."""
+    ours = {r["batch_size"]: {k: v for k, v in r["ms"].items() if k in OURS} for r in ours_from}
+    for r in rows:
+        r["ms"] = {**ours.get(r["batch_size"], {}), **r["ms"]}
+        summarise(r)
+    return rows
 
 
 def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float):
@@ -249,7 +311,8 @@ def time_steps(
             y = torch.empty(batch_size, dtype=torch.int64, device=device)
             x.copy_(xs[0])
             y.copy_(ys[0])
-            ts = make_torch_step(name.removeprefix("torch "), config, init, x, y, lr, device)
+            mode, bench = torch_step_args(name)
+            ts = make_torch_step(mode, config, init, x, y, lr, device, cudnn_benchmark=bench)
 
             def run(k: int, ts=ts, x=x, y=y, counter=counter) -> None:
                 for _ in range(k):
@@ -270,13 +333,7 @@ def time_steps(
         )
         result["window_ms"][name] = window_ms
         result["ms"][name] = float(np.median(window_ms)) / k_steps if window_ms else None
-    torch_ms = {k: v for k, v in result["ms"].items() if k.startswith("torch") and v}
-    ours = result["ms"].get("numba fast graph")
-    if torch_ms and ours:
-        best = min(torch_ms, key=torch_ms.get)
-        result["best_torch"] = best
-        result["fast_graph_over_best_torch"] = ours / torch_ms[best]
-    return result
+    return summarise(result)
 
 
 def time_batch_sizes(
@@ -481,10 +538,21 @@ def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool
 # --------------------------------------------------------------------------
 
 
-def format_timing_table(rows: list[dict[str, Any]], device: str, torch_dev: str) -> str:
-    """ms per training step: one row per configuration, one column per batch size."""
+PRECISION_LABELS = {
+    None: "",
+    "fp32": "; torch in FP32 (TF32 off), as ours",
+    "tf32": "; torch with TF32 on (cuDNN convolutions and cuBLAS matmuls), ours FP32",
+}
+
+
+def format_timing_table(
+    rows: list[dict[str, Any]], device: str, torch_dev: str, precision: str | None = None
+) -> str:
+    """ms per training step: one row per configuration, one column per batch size;
+    ``precision`` ("fp32", "tf32") labels torch's arithmetic in the title."""
     lines = [
-        f"ms per training step (copy + forward + backward + update), {device}; torch on {torch_dev}"
+        f"ms per training step (copy + forward + backward + update), {device}; torch on "
+        f"{torch_dev}{PRECISION_LABELS[precision]}"
     ]
     if not rows:
         return "\n".join(lines)
@@ -562,6 +630,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ms = [r["ms"].get(name) for r in rows]
             if all(ms):
                 ax2.plot(bs, ms, "o-" if name.startswith("numba") else "s--", label=name)
+        # with TF32 on, only torch's fastest configuration at each batch size
+        tf32 = [
+            r for r in result.get("timing_by_precision", {}).get("tf32", []) if "best_torch" in r
+        ]
+        if tf32 and len(tf32) == len(rows):
+            best = [r["ms"][r["best_torch"]] for r in tf32]
+            ax2.plot(bs, best, "k:", marker="^", label="best torch, TF32 on")
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log")
         ax2.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
@@ -638,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
         help="configurations to time (default: all that run here): "
         + ", ".join(OURS)
         + ", torch eager, torch compile, "
-        "torch compile-reduce-overhead, torch cuda-graph",
+        f"torch compile-reduce-overhead, torch cuda-graph, and on a GPU each torch one "
+        f"with '{BENCHMARK.strip()}' after it (cudnn.benchmark on)",
     )
     p.add_argument(
         "--breakdown-repeats",
@@ -647,9 +723,18 @@ def main(argv: list[str] | None = None) -> int:
         help="steps behind each stage's median in the per-stage table",
     )
     p.add_argument(
+        "--torch-precision",
+        choices=("fp32", "tf32", "both"),
+        default=None,
+        help="torch's arithmetic in the timing tables: fp32 (TF32 off, as our kernels), "
+        "tf32 (TF32 tensor cores on for cuDNN and cuBLAS; PyTorch's default is on for "
+        "convolutions) or both, a table each (default: both on a GPU, fp32 elsewhere). "
+        "Our kernels are FP32 throughout",
+    )
+    p.add_argument(
         "--torch-tf32",
         action="store_true",
-        help="let torch use TF32 tensor cores (default off: both sides full FP32)",
+        help="the same as --torch-precision tf32 (also for the accuracy run)",
     )
     args = p.parse_args(argv)
     ftrain.resolve_args(args, p)
@@ -676,10 +761,19 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--configs: {unknown} cannot run here; choose from {runnable}")
     else:
         configs = runnable
+    if args.torch_tf32 and args.torch_precision not in (None, "tf32"):
+        p.error(f"--torch-tf32 and --torch-precision {args.torch_precision} disagree")
+    if args.torch_tf32:
+        args.torch_precision = "tf32"
+    if args.torch_precision is None:
+        args.torch_precision = "both" if device.type == "cuda" else "fp32"
+    precisions = (
+        list(TORCH_PRECISIONS) if args.torch_precision == "both" else [args.torch_precision]
+    )
     # torch's default lets cuDNN convolutions use TF32 (10-bit mantissa); our
-    # kernels are FP32, so the default comparison turns TF32 off on both paths.
-    torch.backends.cudnn.allow_tf32 = args.torch_tf32
-    torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
+    # kernels are FP32, so the accuracy run and the first table turn TF32 off on
+    # both paths (unless only tf32 is asked for).
+    set_torch_precision(precisions[0])
     gpu = device_name()
     if common.is_simulator():
         print(
@@ -768,22 +862,30 @@ def main(argv: list[str] | None = None) -> int:
     else:
         curves = {"numba": [], "torch": []}
 
-    # 2. time per step
-    timing = time_batch_sizes(
-        config,
-        x_train,
-        y_train,
-        time_sizes,
-        lr=args.lr,
-        seed=args.seed,
-        device=device,
-        configs=configs,
-        steps=time_steps_n,
-        windows=windows,
-        warmup=warmup,
-        naive_steps=args.naive_steps,
-    )
-    print(format_timing_table(timing, gpu, str(device)))
+    # 2. time per step: a table for each torch precision; ours are timed in the
+    # first and shown in each
+    timings: dict[str, list[dict[str, Any]]] = {}
+    for precision in precisions:
+        first = precision == precisions[0]
+        set_torch_precision(precision)
+        rows = time_batch_sizes(
+            config,
+            x_train,
+            y_train,
+            time_sizes,
+            lr=args.lr,
+            seed=args.seed,
+            device=device,
+            configs=configs if first else [c for c in configs if c not in OURS],
+            steps=time_steps_n,
+            windows=windows,
+            warmup=warmup,
+            naive_steps=args.naive_steps,
+        )
+        timings[precision] = rows if first else with_our_rows(rows, timings[precisions[0]])
+        print(format_timing_table(timings[precision], gpu, str(device), precision))
+    set_torch_precision(precisions[0])
+    timing = timings[precisions[0]]
     breakdown = {}
     if not common.is_simulator():
         peaks = common.device_peaks()
@@ -798,7 +900,9 @@ def main(argv: list[str] | None = None) -> int:
         "runtime": common.runtime_name(),
         "torch_device": str(device),
         "torch_version": torch.__version__,
-        "torch_tf32": args.torch_tf32,
+        "torch_tf32": precisions[0] == "tf32",
+        "torch_precisions": precisions,
+        "timing_by_precision": timings,
         "config": dataclasses.asdict(config),
         "dataset": ds.name,
         "source": ds.source,

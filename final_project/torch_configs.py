@@ -10,6 +10,10 @@
     cuda-graph                the whole step (forward, backward, SGD update) captured by
                               hand in one CUDA graph and replayed: one launch a step
 
+Each can run with ``cudnn_benchmark=True`` (``torch.backends.cudnn.benchmark``, what
+a user chasing speed sets): cuDNN then times its convolution algorithms on the
+first call at each shape and keeps the fastest, instead of picking by heuristics.
+
 Every configuration starts from the same weights (``TorchCNN.from_state_dict``),
 trains with plain SGD (``torch.optim.SGD(lr=lr)``) and reads its batch from two
 static device tensors that the caller refills in place, so the configurations
@@ -37,11 +41,12 @@ from __future__ import annotations
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
 # isort: on
+import contextlib
 import importlib.util
 import math
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -161,6 +166,7 @@ def make_torch_step(
     y: torch.Tensor,
     lr: float,
     device: torch.device | str,
+    cudnn_benchmark: bool = False,
 ) -> TorchStep:
     """A fresh twin of ``state`` and its training step in configuration ``config_name``.
 
@@ -176,6 +182,9 @@ def make_torch_step(
             between steps; never rebind or reallocate them. N is fixed.
         lr: SGD learning rate (plain SGD: no momentum, no weight decay).
         device: where the model lives (``"cuda"``, ``"cpu"``, a torch.device).
+        cudnn_benchmark: run the step (and the cuda-graph warm-up and capture)
+            with ``torch.backends.cudnn.benchmark`` on; the flag is put back as
+            it was after each call. False leaves the flag as the caller set it.
 
     Returns:
         TorchStep(run, loss, model). The work each configuration does before
@@ -226,12 +235,34 @@ def make_torch_step(
     model = TorchCNN.from_state_dict(net_config, state, device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    if config_name == "eager":
-        return _eager_step(model, opt, x, y)
     if config_name == "cuda-graph":
-        return _cuda_graph_step(model, opt, x, y)
-    mode = "reduce-overhead" if config_name == "compile-reduce-overhead" else None
-    return _compiled_step(model, opt, x, y, mode)
+        # the algorithms are chosen in the warm-up and fixed by the capture
+        with _cudnn_benchmark(True) if cudnn_benchmark else contextlib.nullcontext():
+            return _cuda_graph_step(model, opt, x, y)
+    if config_name == "eager":
+        step = _eager_step(model, opt, x, y)
+    else:
+        mode = "reduce-overhead" if config_name == "compile-reduce-overhead" else None
+        step = _compiled_step(model, opt, x, y, mode)
+    if not cudnn_benchmark:
+        return step
+
+    def run() -> None:
+        with _cudnn_benchmark(True):
+            step.run()
+
+    return step._replace(run=run)
+
+
+@contextlib.contextmanager
+def _cudnn_benchmark(on: bool) -> Iterator[None]:
+    """``torch.backends.cudnn.benchmark = on`` inside, as it was after."""
+    was = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = was
 
 
 def _nan_loss(device: torch.device) -> torch.Tensor:

@@ -80,3 +80,75 @@ def test_all_configs_lists_ours_then_torchs():
     assert configs[len(compare.OURS) :] and all(
         c.startswith("torch ") for c in configs[len(compare.OURS) :]
     )
+
+
+def test_benchmark_variants_only_where_cudnn_runs(monkeypatch):
+    cpu = compare.all_configs(torch.device("cpu"))
+    assert not any(c.endswith(compare.BENCHMARK) for c in cpu)
+    monkeypatch.setattr(compare, "available_configs", lambda device: ("eager", "cuda-graph"))
+    gpu = compare.all_configs(torch.device("cuda"))
+    assert gpu[len(compare.OURS) :] == [
+        "torch eager",
+        "torch eager +benchmark",
+        "torch cuda-graph",
+        "torch cuda-graph +benchmark",
+    ]
+    assert [compare.torch_step_args(c) for c in gpu[len(compare.OURS) :]] == [
+        ("eager", False),
+        ("eager", True),
+        ("cuda-graph", False),
+        ("cuda-graph", True),
+    ]
+
+
+@pytest.mark.parametrize("precision,on", [("fp32", False), ("tf32", True)])
+def test_set_torch_precision(precision, on):
+    # torch.backends.cuda.matmul's flags are properties of a module object:
+    # saved and put back by hand
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not on
+        compare.set_torch_precision(precision)
+        assert torch.backends.cudnn.allow_tf32 is on
+        assert torch.backends.cuda.matmul.allow_tf32 is on
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def test_set_torch_precision_refuses_others():
+    with pytest.raises(ValueError, match="fp32"):
+        compare.set_torch_precision("bf16")
+
+
+def test_a_second_precision_table_shows_our_times_and_its_own_best():
+    fp32 = [
+        {
+            "batch_size": 64,
+            "ms": {"numba fast graph": 0.3, "torch eager": 1.0, "torch compile": 0.5},
+        },
+        {
+            "batch_size": 256,
+            "ms": {"numba fast graph": 0.7, "torch eager": 2.0, "torch compile": 1.4},
+        },
+    ]
+    for r in fp32:
+        compare.summarise(r)
+    tf32 = [
+        {"batch_size": 64, "ms": {"torch eager": 0.9, "torch compile": 0.6}},
+        {"batch_size": 256, "ms": {"torch eager": 1.0, "torch compile": 1.2}},
+    ]
+    merged = compare.with_our_rows(tf32, fp32)
+    assert [r["ms"]["numba fast graph"] for r in merged] == [0.3, 0.7]
+    assert [r["best_torch"] for r in merged] == ["torch compile", "torch eager"]
+    assert merged[0]["fast_graph_over_best_torch"] == pytest.approx(0.3 / 0.6)
+    assert merged[1]["fast_graph_over_best_torch"] == pytest.approx(0.7 / 1.0)
+    table = compare.format_timing_table(merged, "GPU", "cuda", "tf32")
+    assert "TF32 on" in table and "ours FP32" in table
+    assert "0.70x" in table.splitlines()[-2]
+
+
+def test_torch_tf32_and_another_precision_are_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--timing-only", "--torch-tf32", "--torch-precision", "fp32"])
+    assert e.value.code == 2
+    assert "disagree" in capsys.readouterr().err

@@ -232,3 +232,41 @@ def test_time_torch_config_on_the_gpu(fp32_cuda, rng):
     ms = time_torch_config(step.run, steps=5, windows=2, warmup=2, device=fp32_cuda)
     assert len(ms) == 2 and all(t > 0 for t in ms)
     assert int(step.model.bn1.num_batches_tracked) == 2 + 2 * 5
+
+
+@pytest.mark.parametrize("was", [False, True])
+def test_cudnn_benchmark_is_on_during_the_step_only(rng, was, monkeypatch):
+    """cudnn_benchmark=True: the flag is on while the step runs (seen from inside
+    the forward) and as the caller left it afterwards; the step is the same step."""
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", was)
+    state = init_params(SMALL, int(rng.integers(1000)))
+    x, y = _batch(SMALL, 4, rng)
+    plain = make_torch_step("eager", SMALL, state, x, y, LR, "cpu")
+    bench = make_torch_step("eager", SMALL, state, x, y, LR, "cpu", cudnn_benchmark=True)
+    seen = []
+    bench.model.conv1.register_forward_hook(lambda *_: seen.append(torch.backends.cudnn.benchmark))
+    plain.run()
+    bench.run()
+    assert seen == [True] and torch.backends.cudnn.benchmark is was
+    assert torch.equal(bench.loss(), plain.loss())
+    for key, value in _state(plain).items():
+        assert torch.equal(_state(bench)[key], value), key
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["eager", "cuda-graph"])
+def test_gpu_cudnn_benchmark_matches_eager(fp32_cuda, rng, name):
+    """cuDNN's timed choice of algorithms trains the same step (to rounding)."""
+    config = NetConfig()
+    state = init_params(config, int(rng.integers(1000)))
+    batches = [_batch(config, 32, rng, fp32_cuda) for _ in range(3)]
+    results = []
+    for cfg, bench in (("eager", False), (name, True)):
+        x, y = _batch(config, 32, rng, fp32_cuda)
+        step = make_torch_step(cfg, config, state, x, y, LR, fp32_cuda, cudnn_benchmark=bench)
+        results.append((_run_steps(step, x, y, batches), _state(step)))
+    (loss_e, eager), (loss_b, other) = results
+    check(loss_b, loss_e, 1e-4, f"{name} +benchmark: losses of 3 steps")
+    for key in (*PARAM_NAMES, *BUFFER_NAMES):
+        check(other[key], eager[key], 1e-4, f"{name} +benchmark: {key} after 3 steps")
+    assert torch.backends.cudnn.benchmark is False
