@@ -17,7 +17,9 @@ Primitives for Deep Learning", section 3).
                                 (8 x 8: four LDS.128 per 64 FMAs). Epilogue: + bias,
                                 out, and the block's per-channel batchnorm sums
     conv2d_igemm (grad input)   the same kernel on dout with the flipped kernel:
-                                GEMM (N*H*W) x Ci x (Co*K*K), padding K - 1 - pad
+                                GEMM (N*H*W) x Ci x (Co*K*K), padding K - 1 - pad;
+                                weights by channel runs (a thread loads whole kernel
+                                rows through one pointer: ~2 instructions a load)
     conv2d_direct               for tiny Ci (conv1): thread = TP pixels x TC channels;
                                 the block's weights in shared memory, each x value read
                                 once per thread and used for TC FMAs, out written
@@ -201,6 +203,11 @@ GPU_IGEMM_TILES = IgemmTiles(128, 64, 8, 8, 18, min_blocks=3)
 GPU_IGEMM_TILES_NARROW = IgemmTiles(128, 32, 8, 4, 18, min_blocks=4)
 GPU_IGEMM_TILES_SMALL_M = IgemmTiles(64, 64, 8, 4, 18)
 GPU_IGEMM_TILES_SMALL_M_NARROW = IgemmTiles(64, 32, 4, 4, 18, min_blocks=4)
+# Grad input with Ci <= 32 (conv2's dx): K-tiles of 36 = 4 channels x 3 x 3, so
+# the 4 weight-load slots of 128 threads over 32 columns each get whole channels
+# (make_conv2d_igemm's channel runs); faster than K-tiles of 18 for conv2 at large
+# batches (README, "Version by version", version 7).
+GPU_IGEMM_TILES_DGRAD_NARROW = IgemmTiles(128, 32, 8, 4, 36, min_blocks=4)
 # Simulator: every CUDA thread runs as Python code, so 8-thread blocks; K-tiles of 6
 # also exercise partial kernel-row blocks (3 x 3 kernel rows in blocks of 2).
 SIM_IGEMM_TILES = IgemmTiles(8, 4, 2, 2, 6)
@@ -208,6 +215,7 @@ IGEMM_TILES = pick(gpu=GPU_IGEMM_TILES, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_NARROW = pick(gpu=GPU_IGEMM_TILES_NARROW, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_SMALL_M = pick(gpu=GPU_IGEMM_TILES_SMALL_M, simulator=SIM_IGEMM_TILES)
 IGEMM_TILES_SMALL_M_NARROW = pick(gpu=GPU_IGEMM_TILES_SMALL_M_NARROW, simulator=SIM_IGEMM_TILES)
+IGEMM_TILES_DGRAD_NARROW = pick(gpu=GPU_IGEMM_TILES_DGRAD_NARROW, simulator=SIM_IGEMM_TILES)
 IGEMM_SMALL_GRID_PER_SM = 2
 
 # GPU: 256 pixels x 32 channels a block (128 threads, 8 pixels x 8 channels a
@@ -242,14 +250,17 @@ _ONES_ROW = -(1 << 20)
 _NO_ROW = 1 << 20
 
 
-def igemm_tiles(m_total: int, gemm_n: int) -> IgemmTiles:
+def igemm_tiles(m_total: int, gemm_n: int, forward: bool = True) -> IgemmTiles:
     """Default tiles for an implicit-GEMM conv with ``m_total`` = N*Ho*Wo rows
-    and ``gemm_n`` output channels on the current device. ``bm`` depends on
-    m_total and the SM count alone, so the number of bn_partials rows does not
-    depend on the channel count."""
+    and ``gemm_n`` output channels on the current device; ``forward=False``:
+    the grad input (GEMM columns = Ci). ``bm`` depends on m_total and the SM
+    count alone, so the number of bn_partials rows does not depend on the
+    channel count."""
     small = ceil_div(m_total, IGEMM_TILES.bm) < IGEMM_SMALL_GRID_PER_SM * sm_count()
     if gemm_n <= 32:
-        return IGEMM_TILES_SMALL_M_NARROW if small else IGEMM_TILES_NARROW
+        if small:
+            return IGEMM_TILES_SMALL_M_NARROW
+        return IGEMM_TILES_NARROW if forward else IGEMM_TILES_DGRAD_NARROW
     return IGEMM_TILES_SMALL_M if small else IGEMM_TILES
 
 
@@ -362,6 +373,16 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
     B_ITEMS = BK * BN
     B_LOADS = ceil_div(B_ITEMS, THREADS)
     B_EVEN = B_ITEMS % THREADS == 0
+    # Grad input: weight loads by channel runs where the tile allows. Thread
+    # (part, n) loads the ROW_K consecutive weights of column n (w[co, n, K-1-kh0.., ..],
+    # read backwards) for channel slots part + KSPLIT*s: one pointer a tile and
+    # compile-time offsets, ~2 instructions a load instead of ~25 (sm_90 SASS).
+    # A warp's lanes read 32 columns 36 bytes apart. Not the forward: there a
+    # column is a row of w, Ci*K*K floats long, so each lane would touch another
+    # line (32 L1 wavefronts a load); measured slower on an H100.
+    KSPLIT = THREADS // BN if THREADS % BN == 0 else 0
+    B_RUNS = not FORWARD and KSPLIT > 0 and CB % KSPLIT == 0
+    B_SLOTS = CB // KSPLIT if B_RUNS else 0
     GM, GN = min(TM, 4), min(TN, 4)  # fragment groups (one LDS.128 each when 4)
     GA, GB = TXM * GM, TXN * GN  # distance between a thread's groups
     AP = BM  # a_tile[k * AP + m]: the gather stores consecutive m: no conflicts
@@ -420,6 +441,11 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                 if iw0 + kw >= 0 and iw0 + kw < width:
                     colmask |= 1 << kw
         a_dst = q0 * ROW_K * AP + m_ld
+        b_part = tid // BN if B_RUNS else 0  # weight-load slot of this thread
+        b_col = tid - b_part * BN
+        b_ok = col0 + b_col < c_out
+        b_dst = b_part * ROW_K * BNP + b_col
+        w_col = (col0 + b_col) * s_n + b_part * s_c + KK2 - 1
 
         for i in range(TM):
             for j in range(TN):
@@ -435,10 +461,19 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                         a_tile[uint64(cur * A_BUF + a_dst + (cc * R * ROW_K + e) * AP)] = a_next[
                             cc * ROW_K + e
                         ]
-                for load in range(B_LOADS):
-                    idx = tid + load * THREADS
-                    if B_EVEN or idx < B_ITEMS:
-                        b_tile[uint64(cur * B_BUF + (idx % BK) * BNP + idx // BK)] = b_next[load]
+                if B_RUNS:
+                    for sl in range(B_SLOTS):
+                        for e in range(ROW_K):
+                            b_tile[
+                                uint64(cur * B_BUF + b_dst + (sl * KSPLIT * ROW_K + e) * BNP)
+                            ] = b_next[sl * ROW_K + e]
+                else:
+                    for load in range(B_LOADS):
+                        idx = tid + load * THREADS
+                        if B_EVEN or idx < B_ITEMS:
+                            b_tile[uint64(cur * B_BUF + (idx % BK) * BNP + idx // BK)] = b_next[
+                                load
+                            ]
                 cuda.syncthreads()
             if t + 1 < k_tiles:
                 tt = t + 1
@@ -456,7 +491,16 @@ def make_conv2d_igemm(BM, BN, TM, TN, KSIZE, CB, KR, FORWARD, MIN_BLOCKS=2):
                             if row_ok and (colmask >> kw) & 1:
                                 v = x[uint64(rbase + kw)]
                             a_next[(cc * KR + r) * KSIZE + kw] = v
-                for load in range(B_LOADS):
+                if B_RUNS:
+                    w_at = w_col + ci0 * s_c - kh0 * KSIZE
+                    for sl in range(B_SLOTS):
+                        c_ok = b_ok and ci0 + b_part + sl * KSPLIT < c_in
+                        for e in range(ROW_K):
+                            v = float32(0.0)
+                            if c_ok and (NRB == 1 or kh0 + e // KSIZE < KSIZE):
+                                v = w[uint64(w_at + sl * KSPLIT * s_c - e)]
+                            b_next[sl * ROW_K + e] = v
+                for load in range(0 if B_RUNS else B_LOADS):
                     idx = tid + load * THREADS
                     nl = idx // BK  # k fastest: a warp reads runs of w[co, ci0:, kh0:, :]
                     kl = idx % BK
@@ -702,7 +746,7 @@ def conv2d_grad_input_igemm(
     ):
         raise ValueError(f"dout {dout.shape}, w {w.shape}, dx {dx.shape}, pad {pad} do not match")
     m_total = n * h * wd
-    tiles = tiles or igemm_tiles(m_total, c_in)
+    tiles = tiles or igemm_tiles(m_total, c_in, forward=False)
     kern = _igemm_kernel(tiles, k, False)
     cb, kr = kern.k_tile
     k_tiles = ceil_div(c_out, cb) * ceil_div(k, kr)

@@ -18,11 +18,15 @@ per op. Each kernel here names the idea it adds over its naive twin:
     bn_backward_finalize        block per channel: partials -> dgamma, dbeta
     bn_relu_maxpool_backward_dx thread per conv output: the same scatter and mask, then
                                 the closed-form batchnorm input gradient, in one pass
-    gemm_splitk (3 layouts)     64x64 output tile a block, 4x4 a thread, K split across
-                                blocks into partial sums (so skinny linear layers still fill
-                                the GPU); linear forward, weight gradient (+ bias gradient as
-                                a column of ones), input gradient
-    splitk_reduce_bias_relu     thread per output: sum of the split-K partials + bias (+ReLU)
+    gemm_splitk (3 layouts)     chapter 08's register-tiled SGEMM (128x128 tile a block, 8x8
+                                a thread, 64x64 and 4x4 for small products; fragments of 4:
+                                per k, TM/4 + TN/4 LDS.128 feed TM*TN FMAs; operands double-
+                                buffered through registers), K split across blocks into
+                                partial sums (so skinny linear layers still fill the GPU);
+                                linear forward, weight gradient (+ bias gradient as a column
+                                of ones), input gradient (unsplit: writes dx itself)
+    splitk_reduce_bias          OUTS outputs x LANES lanes of chunks a block: the S partials
+                                of each output summed in a fixed order, + bias (+ReLU)
     splitk_reduce_weight_bias   OUTS weights x LANES lanes of chunks a block: the S partials
                                 of each weight summed in float64 in a fixed order, the last
                                 column to the bias gradient (the linear layers' and the
@@ -48,7 +52,9 @@ fused classifier as in llm.c's ``fused_classifier`` (Karpathy 2024).
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.runtime import ceil_div, jit, pick, sm_count
 
+import functools
 import math
+from dataclasses import dataclass
 
 from numba import cuda, float32, float64, int32, uint64
 
@@ -451,172 +457,324 @@ def bn_relu_maxpool_backward_dx(
 # Split-K GEMM for the linear layers
 # ---------------------------------------------------------------------------
 
-# GPU: 64x64 tiles, 256 threads of 4x4. The simulator runs every CUDA thread as
-# Python code, so its tiles are 16x16 with 2x2 a thread (64 threads); the tests
-# also build the GPU shape with make_gemm_splitk.
-GEMM_BM = pick(gpu=64, simulator=16)  # rows of C a block computes
-GEMM_BN = pick(gpu=64, simulator=16)  # columns of C a block computes
-GEMM_BK = pick(gpu=32, simulator=8)  # K-slice staged in shared memory per step
-GEMM_TM = pick(gpu=4, simulator=2)  # rows a thread computes
-GEMM_TN = pick(gpu=4, simulator=2)  # columns a thread computes
-GEMM_THREADS = (GEMM_BN // GEMM_TN, GEMM_BM // GEMM_TM)  # (16, 16)
-# Split K until the grid has about this many blocks per SM of the device (4 measured
-# faster than 2 for fc1 at batch 1024: README, "Version by version", version 5).
-GEMM_BLOCKS_PER_SM = pick(gpu=4, simulator=2)
+# Chapter 08's versions 9-10 for the three layouts of a linear layer: a block
+# computes a BM x BN tile of C (a K-chunk of it, blockIdx.z), a thread a TM x TN
+# register tile whose fragments are groups of 4 consecutive rows/columns (one
+# LDS.128 each: per k, TM/4 + TN/4 shared loads feed TM*TN FMAs), operands
+# double-buffered through registers (one syncthreads per K-slice). fc1's shapes
+# are M = batch, J = 128, K = 3,136 (forward); 128 x 3,137 x batch (weight
+# gradient); batch x 3,136 x 128 (input gradient): only the split across K
+# gives a small batch enough blocks.
+
+# The simulator refuses shared-memory alignment; on a GPU 16 bytes allows LDS.128.
+SMEM_ALIGN = pick(gpu=16, simulator=None)
 
 
-def make_gemm_splitk(
-    TRANS_A, TRANS_B, ONES_COL, BM=GEMM_BM, BN=GEMM_BN, BK=GEMM_BK, TM=GEMM_TM, TN=GEMM_TN
-):
-    """C[s] = A[:, Ks] @ B[Ks, :] for the s-th K-chunk Ks, as a kernel.
+@dataclass(frozen=True)
+class GemmTile:
+    """A split-K GEMM's block tile bm x bn of C, bk-deep K-slices in shared
+    memory, a tm x tn register tile a thread ((bm/tm)(bn/tn) threads) and the
+    launch bound min_blocks (blocks an SM the compiler must fit in registers).
+    The threads load each operand tile in whole rows of either layout: they are
+    a multiple of bk, bm and bn, and their quotients divide the tile's sides."""
 
-    A is (M, K): ``a[m, k]``, or ``a[k, m]`` when TRANS_A. B is (K, J): ``b[k, j]``,
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    min_blocks: int = 2
+
+    def __post_init__(self):
+        t = self.threads
+        gm, gn = min(self.tm, 4), min(self.tn, 4)
+        if (
+            self.bm % self.tm
+            or self.bn % self.tn
+            or self.tm % gm
+            or self.tn % gn
+            or self.bk % 2
+            or any(t % d for d in (self.bk, self.bm, self.bn))
+            or self.bm % (t // self.bk)
+            or self.bn % (t // self.bk)
+            or self.bk % (t // self.bm)
+            or self.bk % (t // self.bn)
+        ):
+            raise ValueError(f"{self}: the threads do not tile A and B evenly")
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+
+def make_gemm_splitk(TRANS_A, TRANS_B, ONES_COL, tile):
+    """C[s] = A[:, Ks] @ B[Ks, :] for the s-th K-chunk Ks (blockIdx.z), as a kernel.
+
+    A is (M, K): ``a[m, k]``, or ``a[k, m]`` when TRANS_A. B is (K, J'): ``b[k, j]``,
     or ``b[j, k]`` when TRANS_B; with ONES_COL, B gets an extra last column of
-    ones, so column J of C is the row sums of A (a bias gradient for free).
-    The flags are closure constants: Numba compiles only the branch taken.
+    ones (J = J' + 1), so column J' of C is the row sums of A (a bias gradient
+    for free). The flags are closure constants: Numba compiles only the branch
+    taken. Kernel arguments: ``(a, b, c, m_size, j_size, k_size, chunk)``, the
+    arrays flat (C-contiguous), c holding the (S, M, J) float32 partials; grid
+    (ceil(J / bn), ceil(M / bm), S), tile.threads threads.
     """
-    BM_PAD = max(BM, BN) + 1
-    NTX = BN // TN
-    NTHREADS = NTX * (BM // TM)
+    BM, BN, BK, TM, TN, MIN_BLOCKS = (
+        tile.bm,
+        tile.bn,
+        tile.bk,
+        tile.tm,
+        tile.tn,
+        tile.min_blocks,
+    )
+    TX, TY = BN // TN, BM // TM
+    THREADS = TX * TY
+    GM, GN = min(TM, 4), min(TN, 4)  # fragment groups (one LDS.128 each when 4)
+    GA, GB = TY * GM, TX * GN  # distance between a thread's groups
+    # An operand contiguous along K (A = x, B = W in the forward) is read k-fast
+    # (a warp reads BK-long runs of rows) and stored transposed, tile[k][row]; one
+    # contiguous along its rows is read row-fast and stored as it comes. Load l of
+    # a thread is tile row p + l * P_STEP, K-offset q + l * Q_STEP.
+    A_FAST_K, B_FAST_K = not TRANS_A, TRANS_B
+    A_LOADS, B_LOADS = BM * BK // THREADS, BN * BK // THREADS
+    A_PSTEP, A_QSTEP = (THREADS // BK, 0) if A_FAST_K else (0, THREADS // BM)
+    B_PSTEP, B_QSTEP = (THREADS // BK, 0) if B_FAST_K else (0, THREADS // BN)
+    AP, BP = BM + 4, BN + 4  # padded rows (transposed stores: fewer bank conflicts)
+    A_DSTEP, B_DSTEP = A_QSTEP * AP + A_PSTEP, B_QSTEP * BP + B_PSTEP
+    A_BUF, B_BUF = BK * AP, BK * BP
+    A_SIZE, B_SIZE = 2 * A_BUF, 2 * B_BUF  # shared array sizes must be plain constants
+    assert 4 * (A_SIZE + B_SIZE) <= 48 * 1024, "shared memory over 48 KiB"
 
-    @cuda.jit(cache=True)
-    def gemm_splitk(a, b, chunk, c):
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * NTX + tx
-        m0 = cuda.blockIdx.y * BM
-        j0 = cuda.blockIdx.x * BN
-        s = cuda.blockIdx.z
-        if TRANS_A:
-            m_size, k_size = a.shape[1], a.shape[0]
-        else:
-            m_size, k_size = a.shape[0], a.shape[1]
-        j_data = b.shape[0] if TRANS_B else b.shape[1]
-        j_size = c.shape[2]
-        k_begin = s * chunk
-        k_end = min(k_size, k_begin + chunk)
-        a_tile = cuda.shared.array((BK, BM_PAD), float32)
-        b_tile = cuda.shared.array((BK, BM_PAD), float32)
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS), cache=True)
+    def gemm_splitk(a, b, c, m_size, j_size, k_size, chunk):
+        a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)
+        b_tile = cuda.shared.array(B_SIZE, float32, alignment=SMEM_ALIGN)
         acc = cuda.local.array((TM, TN), float32)
         a_frag = cuda.local.array(TM, float32)
         b_frag = cuda.local.array(TN, float32)
+        a_next = cuda.local.array(A_LOADS, float32)
+        b_next = cuda.local.array(B_LOADS, float32)
+        # `& 1023` tells the compiler tid >= 0 (no negative-index fix-ups below).
+        tid = cuda.threadIdx.x & 1023
+        tx = tid % TX
+        ty = tid // TX
+        m0 = cuda.blockIdx.y * BM
+        j0 = cuda.blockIdx.x * BN
+        s = cuda.blockIdx.z
+        k_begin = s * chunk
+        k_end = min(k_size, k_begin + chunk)
+        k_tiles = (k_end - k_begin + BK - 1) // BK
+        j_data = j_size - 1 if ONES_COL else j_size
+        # This thread's first element of each operand tile (row p, K-offset q), its
+        # flat address at k_begin, and how far the address moves per K-slice.
+        if A_FAST_K:
+            a_p, a_q = tid // BK, tid % BK
+            a_src = (m0 + a_p) * k_size + k_begin + a_q
+            a_lstep, a_tstep = A_PSTEP * k_size, BK
+        else:
+            a_p, a_q = tid % BM, tid // BM
+            a_src = (k_begin + a_q) * m_size + m0 + a_p
+            a_lstep, a_tstep = A_QSTEP * m_size, BK * m_size
+        if B_FAST_K:
+            b_p, b_q = tid // BK, tid % BK
+            b_src = (j0 + b_p) * k_size + k_begin + b_q
+            b_lstep, b_tstep = B_PSTEP * k_size, BK
+        else:
+            b_p, b_q = tid % BN, tid // BN
+            b_src = (k_begin + b_q) * j_data + j0 + b_p
+            b_lstep, b_tstep = B_QSTEP * j_data, BK * j_data
+        a_dst = a_q * AP + a_p
+        b_dst = b_q * BP + b_p
         for i in range(TM):
             for jj in range(TN):
                 acc[i, jj] = float32(0.0)
-        for k0 in range(k_begin, k_end, BK):
-            # Stage A (BM x BK) and B (BK x BN): each thread loads BM*BK/NTHREADS
-            # elements, consecutive threads walking the operand's contiguous axis.
-            for r in range(tid, BM * BK, NTHREADS):
-                if TRANS_A:
-                    mm = r % BM
-                    dk = r // BM
-                    m = m0 + mm
-                    k = k0 + dk
-                    a_tile[dk, mm] = a[k, m] if (m < m_size and k < k_end) else float32(0.0)
-                else:
-                    dk = r % BK
-                    mm = r // BK
-                    m = m0 + mm
-                    k = k0 + dk
-                    a_tile[dk, mm] = a[m, k] if (m < m_size and k < k_end) else float32(0.0)
-            for r in range(tid, BN * BK, NTHREADS):
-                if TRANS_B:
-                    dk = r % BK
-                    jj = r // BK
-                else:
-                    jj = r % BN
-                    dk = r // BN
-                j = j0 + jj
-                k = k0 + dk
-                v = float32(0.0)
-                if k < k_end:
-                    if j < j_data:
-                        v = b[j, k] if TRANS_B else b[k, j]
-                    elif ONES_COL and j == j_data:
-                        v = float32(1.0)
-                b_tile[dk, jj] = v
-            cuda.syncthreads()
-            # Outer products: per k, TM + TN shared loads (into registers) feed
-            # TM*TN FMAs.
-            for dk in range(BK):
-                for i in range(TM):
-                    a_frag[i] = a_tile[dk, ty + i * (BM // TM)]
-                for jj in range(TN):
-                    b_frag[jj] = b_tile[dk, tx + jj * NTX]
-                for i in range(TM):
-                    for jj in range(TN):
-                        acc[i, jj] += a_frag[i] * b_frag[jj]
-            cuda.syncthreads()
+        # Iteration t: store K-slice t (held in registers) into buffer t % 2, sync,
+        # issue the global loads of slice t + 1, then the FMAs of slice t. The
+        # buffer written at t was last read at t - 2, before the sync of t - 1.
+        for t in range(-1, k_tiles):
+            cur = t & 1
+            if t >= 0:
+                for ld in range(A_LOADS):
+                    a_tile[uint64(cur * A_BUF + a_dst + ld * A_DSTEP)] = a_next[ld]
+                for ld in range(B_LOADS):
+                    b_tile[uint64(cur * B_BUF + b_dst + ld * B_DSTEP)] = b_next[ld]
+                cuda.syncthreads()
+            if t + 1 < k_tiles:
+                k = k_begin + (t + 1) * BK
+                for ld in range(A_LOADS):
+                    v = float32(0.0)
+                    if m0 + a_p + ld * A_PSTEP < m_size and k + a_q + ld * A_QSTEP < k_end:
+                        v = a[uint64(a_src + ld * a_lstep)]
+                    a_next[ld] = v
+                for ld in range(B_LOADS):
+                    j = j0 + b_p + ld * B_PSTEP
+                    v = float32(0.0)
+                    if k + b_q + ld * B_QSTEP < k_end:
+                        if j < j_data:
+                            v = b[uint64(b_src + ld * b_lstep)]
+                        elif ONES_COL and j == j_data:
+                            v = float32(1.0)
+                    b_next[ld] = v
+                a_src += a_tstep
+                b_src += b_tstep
+            if t >= 0:
+                a_base = cur * A_BUF + ty * GM
+                b_base = cur * B_BUF + tx * GN
+                kk = 0
+                while kk < BK:
+                    for k1 in range(2):  # unrolled: two k per trip
+                        a_k = a_base + (kk + k1) * AP
+                        b_k = b_base + (kk + k1) * BP
+                        for i in range(TM):
+                            a_frag[i] = a_tile[uint64(a_k + (i // GM) * GA + i % GM)]
+                        for jj in range(TN):
+                            b_frag[jj] = b_tile[uint64(b_k + (jj // GN) * GB + jj % GN)]
+                        for i in range(TM):
+                            for jj in range(TN):
+                                acc[i, jj] += a_frag[i] * b_frag[jj]
+                    kk += 2
         for i in range(TM):
-            m = m0 + ty + i * (BM // TM)
+            m = m0 + (i // GM) * GA + ty * GM + i % GM
             if m < m_size:
+                row = (s * m_size + m) * j_size
                 for jj in range(TN):
-                    j = j0 + tx + jj * NTX
+                    j = j0 + (jj // GN) * GB + tx * GN + jj % GN
                     if j < j_size:
-                        c[s, m, j] = acc[i, jj]
+                        c[uint64(row + j)] = acc[i, jj]
 
+    gemm_splitk.tile = tile
     return gemm_splitk
 
 
-# C = x @ W^T (linear forward), C = dy^T @ x (+ ones: weight and bias gradient),
-# C = dy @ W (linear input gradient).
-gemm_splitk_nt = make_gemm_splitk(False, True, False)
-gemm_splitk_tn_ones = make_gemm_splitk(True, False, True)
-gemm_splitk_nn = make_gemm_splitk(False, False, False)
+# Tiles and splits chosen by timing fc1's three products at batch 64, 256 and 1024
+# over 6 tile shapes x 12 split counts (README, "Version by version", version 8):
+# 128 x 128 tiles of 256 threads, 8 x 8 a thread (chapter 08's best shape at
+# 4096^3), pay where every SM gets at least GEMM_LARGE_WORK FMAs (batch 1024: 3.1 M
+# an SM); below that, 64 x 64 tiles of 4 x 4 give the grid more blocks. K is cut
+# into chunks of at least GEMM_MIN_CHUNK (3 K-slices; shorter chunks are mostly the
+# double buffer's fill and the partial tile's write) until the grid has
+# GEMM_BLOCKS_PER_SM blocks an SM, never more (a third, partial wave of blocks
+# was slower). Simulator: 8 x 8 and 8 x 4 tiles of 2 x 2 (16 and 8 threads); the
+# tests also run the GPU shapes.
+GPU_GEMM_TILE = GemmTile(128, 128, 16, 8, 8)
+GPU_GEMM_TILE_SMALL = GemmTile(64, 64, 16, 4, 4)
+GEMM_TILE = pick(gpu=GPU_GEMM_TILE, simulator=GemmTile(8, 8, 4, 2, 2))
+GEMM_TILE_SMALL = pick(gpu=GPU_GEMM_TILE_SMALL, simulator=GemmTile(8, 4, 4, 2, 2))
+GEMM_LARGE_WORK = pick(gpu=128 * 128 * 128, simulator=8 * 8 * 8)  # FMAs an SM
+GEMM_BLOCKS_PER_SM = 2
+GEMM_MIN_CHUNK = pick(gpu=48, simulator=8)
+
+# (TRANS_A, TRANS_B, ONES_COL) of the three products: C = x @ W^T (linear
+# forward), C = dy^T @ [x, 1] (weight and bias gradient), C = dy @ W (input gradient).
+GEMM_LAYOUTS = {
+    "nt": (False, True, False),
+    "tn_ones": (True, False, True),
+    "nn": (False, False, False),
+}
 
 
-def splitk_splits(m: int, j: int, k: int) -> int:
-    """How many K-chunks: about GEMM_BLOCKS_PER_SM blocks per SM of the current
-    device (:func:`common.runtime.sm_count`), each chunk at least one K-step."""
-    tiles = ceil_div(m, GEMM_BM) * ceil_div(j, GEMM_BN)
-    target = GEMM_BLOCKS_PER_SM * sm_count()
-    return max(1, min(ceil_div(target, tiles), ceil_div(k, GEMM_BK)))
+@functools.cache
+def gemm_kernel(layout: str, tile: GemmTile):
+    """The split-K GEMM kernel of ``layout`` (a key of GEMM_LAYOUTS) for ``tile``,
+    built once per process."""
+    return make_gemm_splitk(*GEMM_LAYOUTS[layout], tile)
 
 
-def splitk_chunk(k: int, splits: int) -> int:
-    """K-chunk length for ``splits`` chunks, a multiple of GEMM_BK."""
-    return ceil_div(ceil_div(k, splits), GEMM_BK) * GEMM_BK
+@dataclass(frozen=True)
+class GemmPlan:
+    """How a GEMM is launched: its tile, and K cut into ``splits`` chunks of
+    ``chunk`` (a multiple of tile.bk; the last chunk may be shorter)."""
+
+    tile: GemmTile
+    splits: int
+    chunk: int
 
 
-def gemm_splitk(kernel, a, b, m: int, j: int, k: int, c, stream=0) -> int:
-    """Launch a split-K GEMM kernel into partials c (S, m, j); returns S.
+def gemm_plan(m: int, j: int, k: int, split: bool = True) -> GemmPlan:
+    """The tile and K-split for an (m x k) @ (k x j) product on the current device.
 
-    ``c`` must have room for S = :func:`splitk_splits` (m, j, k) chunks (it is
-    sliced to them here). The chunk count is recomputed from the actual K so
-    that no chunk is empty.
-    """
-    splits = splitk_splits(m, j, k)
-    chunk = splitk_chunk(k, splits)
-    splits = ceil_div(k, chunk)
-    grid = (ceil_div(j, GEMM_BN), ceil_div(m, GEMM_BM), splits)
-    kernel[grid, GEMM_THREADS, stream](a, b, chunk, c[:splits])
-    return splits
+    GEMM_TILE where both sides of C fill it and each SM gets GEMM_LARGE_WORK
+    FMAs or more, else GEMM_TILE_SMALL; then, unless ``split=False``, K cut
+    into chunks of at least GEMM_MIN_CHUNK, as many as keep the grid within
+    GEMM_BLOCKS_PER_SM blocks an SM (:func:`common.runtime.sm_count`). The same
+    (m, j, k) on the same device gives the same plan, so the partial sums are
+    added in the same order every run."""
+    sms = sm_count()
+    big = GEMM_TILE
+    large = m >= big.bm and j >= big.bn and m * j * k >= GEMM_LARGE_WORK * sms
+    tile = big if large else GEMM_TILE_SMALL
+    splits = 1
+    if split:
+        tiles = ceil_div(m, tile.bm) * ceil_div(j, tile.bn)
+        splits = max(1, min(GEMM_BLOCKS_PER_SM * sms // tiles, ceil_div(k, GEMM_MIN_CHUNK)))
+    chunk = ceil_div(ceil_div(k, splits), tile.bk) * tile.bk
+    return GemmPlan(tile, ceil_div(k, chunk), chunk)
+
+
+def gemm_splitk(layout: str, a, b, m: int, j: int, k: int, c, plan: GemmPlan, stream=0) -> None:
+    """Launch the ``layout`` GEMM (see GEMM_LAYOUTS) of an (m x k) A and a (k x j)
+    B (j counting the ones column of "tn_ones") into c: float32 partials, at
+    least plan.splits * m * j elements, any shape (only its first elements are
+    written, as (splits, m, j)). a, b: float32 C-contiguous device arrays."""
+    kernel = gemm_kernel(layout, plan.tile)
+    grid = (ceil_div(j, plan.tile.bn), ceil_div(m, plan.tile.bm), plan.splits)
+    kernel[grid, plan.tile.threads, stream](
+        a.reshape(a.size), b.reshape(b.size), c.reshape(c.size), m, j, k, plan.chunk
+    )
 
 
 def splitk_partials_size(m: int, j: int, k: int) -> int:
     """Elements of the partial buffer :func:`gemm_splitk` needs for (m, j, k)."""
-    return splitk_splits(m, j, k) * m * j
+    return gemm_plan(m, j, k).splits * m * j
 
 
-def make_splitk_reduce_bias(RELU):
-    @cuda.jit(cache=True)
-    def splitk_reduce_bias(partials, splits, bias, y):
-        i = cuda.grid(1)
-        if i >= y.size:
-            return
-        n_out = y.shape[1]
-        o = i % n_out
-        n = i // n_out
-        acc = bias[o]
-        for s in range(splits):
-            acc += partials[s, n, o]
-        y[n, o] = max(acc, float32(0.0)) if RELU else acc
+def make_splitk_reduce_bias(RELU, OUTS, LANES, UNROLL=4):
+    """Factory: y = [relu](bias + the sum of S split-K partials), float32.
 
+    partials (S' >= S chunks of an N x O output, flat): block = OUTS outputs x
+    LANES lanes; lane l adds chunks l, l + LANES, ... in increasing order, UNROLL
+    loads in flight at a time, then lane 0 adds bias and the LANES sums in order:
+    a fixed order, so the same bits every run. Arguments: (partials flat, s_count
+    = S, bias (O,), y flat (N * O), n_out = O)."""
+    THREADS = OUTS * LANES
+
+    @jit(cache=True)
+    def splitk_reduce_bias(partials, s_count, bias, y, n_out):
+        red = cuda.shared.array(THREADS, float32)
+        vals = cuda.local.array(UNROLL, float32)
+        tid = cuda.threadIdx.x & 1023
+        e_l = tid % OUTS
+        lane = tid // OUTS
+        e = cuda.blockIdx.x * OUTS + e_l
+        total = y.size
+        acc = float32(0.0)
+        if e < total:
+            s = lane
+            while s + (UNROLL - 1) * LANES < s_count:
+                for u in range(UNROLL):
+                    vals[u] = partials[uint64((s + u * LANES) * total + e)]
+                for u in range(UNROLL):
+                    acc += vals[u]
+                s += UNROLL * LANES
+            while s < s_count:
+                acc += partials[uint64(s * total + e)]
+                s += LANES
+        red[tid] = acc
+        cuda.syncthreads()
+        if lane == 0 and e < total:
+            v = bias[e % n_out]
+            for r in range(LANES):
+                v += red[r * OUTS + e_l]
+            y[e] = max(v, float32(0.0)) if RELU else v
+
+    splitk_reduce_bias.threads = THREADS
+    splitk_reduce_bias.outs = OUTS
     return splitk_reduce_bias
 
 
-splitk_reduce_bias_relu_kernel = make_splitk_reduce_bias(True)
-splitk_reduce_bias_kernel = make_splitk_reduce_bias(False)
+# OUTS outputs x LANES lanes of chunks a block (both split-K reductions).
+SPLITK_REDUCE_SHAPE = pick(gpu=(64, 4), simulator=(8, 2))
+splitk_reduce_bias_relu_kernel = make_splitk_reduce_bias(True, *SPLITK_REDUCE_SHAPE)
+splitk_reduce_bias_kernel = make_splitk_reduce_bias(False, *SPLITK_REDUCE_SHAPE)
 
 
 def make_splitk_reduce_weight_bias(OUTS, LANES, UNROLL=4):
@@ -669,8 +827,6 @@ def make_splitk_reduce_weight_bias(OUTS, LANES, UNROLL=4):
     return splitk_reduce_weight_bias
 
 
-# OUTS outputs x LANES lanes of chunks a block.
-SPLITK_REDUCE_SHAPE = pick(gpu=(64, 4), simulator=(8, 2))
 splitk_reduce_weight_bias_kernel = make_splitk_reduce_weight_bias(*SPLITK_REDUCE_SHAPE)
 
 
@@ -688,46 +844,46 @@ def splitk_reduce_weight_bias(partials, s_count: int, dw, db, stream=0) -> None:
     )
 
 
-def _partials_view(buf, splits: int, m: int, j: int):
-    return buf[: splits * m * j].reshape((splits, m, j))
-
-
-def linear_forward(x, w, b, y, partials_buf, relu: bool, stream=0) -> None:
+def linear_forward(x, w, b, y, partials_buf, relu: bool, stream=0, plan=None) -> None:
     """y (N, O) = [relu](x (N, I) @ w (O, I)^T + b (O,)), split-K over I.
 
     partials_buf: 1-D float32 scratch of at least :func:`splitk_partials_size`
-    (N, O, I) elements.
+    (N, O, I) elements. ``plan`` (default :func:`gemm_plan`) is for benchmarks.
     """
     n, n_in = x.shape
     n_out = w.shape[0]
-    splits = splitk_splits(n, n_out, n_in)
-    part = _partials_view(partials_buf, splits, n, n_out)
-    splits = gemm_splitk(gemm_splitk_nt, x, w, n, n_out, n_in, part, stream)
+    plan = plan or gemm_plan(n, n_out, n_in)
+    gemm_splitk("nt", x, w, n, n_out, n_in, partials_buf, plan, stream)
     reduce = splitk_reduce_bias_relu_kernel if relu else splitk_reduce_bias_kernel
-    reduce[ceil_div(y.size, THREADS), THREADS, stream](part, splits, b, y)
+    reduce[ceil_div(y.size, reduce.outs), reduce.threads, stream](
+        partials_buf, plan.splits, b, y.reshape(y.size), n_out
+    )
 
 
-def linear_grad_weight(dy, x, dw, db, partials_buf, stream=0) -> None:
+def linear_grad_weight(dy, x, dw, db, partials_buf, stream=0, plan=None) -> None:
     """dw (O, I) = dy^T x and db (O,) = sum_n dy, from dy (N, O) and x (N, I);
     split-K over the batch, partials summed in float64.
 
-    partials_buf: at least :func:`splitk_partials_size` (O, I + 1, N) elements.
+    partials_buf: 1-D, at least :func:`splitk_partials_size` (O, I + 1, N)
+    elements. ``plan`` (default :func:`gemm_plan`) is for benchmarks.
     """
     n, n_out = dy.shape
     n_in = x.shape[1]
-    splits = splitk_splits(n_out, n_in + 1, n)
-    part = _partials_view(partials_buf, splits, n_out, n_in + 1)
-    splits = gemm_splitk(gemm_splitk_tn_ones, dy, x, n_out, n_in + 1, n, part, stream)
-    splitk_reduce_weight_bias(part, splits, dw, db, stream)
+    plan = plan or gemm_plan(n_out, n_in + 1, n)
+    gemm_splitk("tn_ones", dy, x, n_out, n_in + 1, n, partials_buf, plan, stream)
+    part = partials_buf[: plan.splits * n_out * (n_in + 1)].reshape((plan.splits, n_out, n_in + 1))
+    splitk_reduce_weight_bias(part, plan.splits, dw, db, stream)
 
 
-def linear_grad_input(dy, w, dx, stream=0) -> None:
-    """dx (N, I) = dy (N, O) @ w (O, I); K = O is short, so no split."""
+def linear_grad_input(dy, w, dx, stream=0, plan=None) -> None:
+    """dx (N, I) = dy (N, O) @ w (O, I); K = O is short, so no split: the GEMM
+    writes dx itself. ``plan`` (default :func:`gemm_plan` unsplit) is for benchmarks."""
     n, n_out = dy.shape
     n_in = w.shape[1]
-    gemm_splitk_nn[(ceil_div(n_in, GEMM_BN), ceil_div(n, GEMM_BM), 1), GEMM_THREADS, stream](
-        dy, w, ceil_div(n_out, GEMM_BK) * GEMM_BK, dx.reshape((1, n, n_in))
-    )
+    plan = plan or gemm_plan(n, n_in, n_out, split=False)
+    if plan.splits != 1:
+        raise ValueError(f"linear_grad_input has no partials to split into: {plan}")
+    gemm_splitk("nn", dy, w, n, n_in, n_out, dx, plan, stream)
 
 
 # ---------------------------------------------------------------------------

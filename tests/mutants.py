@@ -23,6 +23,9 @@ def mutant(kernel, *edits: tuple[str, str], name: str | None = None):
     for old, new in edits:
         assert src.count(old) == 1, f"{old!r} occurs {src.count(old)} times in {fn.__name__}"
         src = src.replace(old, new)
+    # A mutant has no source file for numba's disk cache to key on (numba refuses:
+    # "no locator available"), and must never be mistaken for the cached original.
+    src = src.replace("cache=True", "cache=False")
     namespace = dict(fn.__globals__)
     if name is None:
         name, filename = fn.__name__, f"<mutant {next(_serial)} of {fn.__name__}>"

@@ -292,8 +292,33 @@ def test_forward_igemm_gpu_tiles(rng):
     check_forward_igemm(rng, (1, 1, 5, 5, 6, 3, 1), FC.GPU_IGEMM_TILES)
 
 
-def test_grad_input_igemm_gpu_tiles(rng):
-    check_grad_input(rng, (1, 3, 2, 5, 6, 3, 1), FC.GPU_IGEMM_TILES_NARROW)
+@pytest.mark.parametrize(
+    "tiles, shape",
+    [
+        (FC.GPU_IGEMM_TILES_NARROW, (1, 3, 2, 5, 6, 3, 1)),
+        # weight loads by channel runs: 4 slots of 4 channels, Co = 5 leaves the
+        # second K-tile's last three channels empty, Ci = 3 of 32 columns
+        (FC.GPU_IGEMM_TILES_DGRAD_NARROW, (1, 3, 5, 5, 6, 3, 1)),
+    ],
+    ids=["narrow", "dgrad-narrow"],
+)
+def test_grad_input_igemm_gpu_tiles(rng, tiles, shape):
+    check_grad_input(rng, shape, tiles)
+
+
+def test_dgrad_tiles_are_chosen_for_the_grad_input(monkeypatch):
+    """conv2's grad input at N = 1024 (Ci = 32 GEMM columns) takes the K-tiles of
+    36 whose weight loads run by channel; conv1's forward (Co = 32) keeps K-tiles
+    of 18 (36 would leave 3 of 4 channel slots empty for Ci = 1)."""
+    for name in ("IGEMM_TILES", "IGEMM_TILES_NARROW", "IGEMM_TILES_DGRAD_NARROW"):
+        monkeypatch.setattr(FC, name, getattr(FC, "GPU_" + name))
+    monkeypatch.setattr(FC, "sm_count", lambda: 132)
+    m = 1024 * 14 * 14
+    assert FC.igemm_tiles(m, 32, forward=False) == FC.GPU_IGEMM_TILES_DGRAD_NARROW
+    assert FC.igemm_tiles(m, 32) == FC.GPU_IGEMM_TILES_NARROW
+    cb, _ = FC.igemm_k_tile(FC.GPU_IGEMM_TILES_DGRAD_NARROW, 3)
+    t = FC.GPU_IGEMM_TILES_DGRAD_NARROW
+    assert cb % (t.threads // t.bn) == 0, "the channel-run weight loads need whole channels a slot"
 
 
 def test_forward_direct_gpu_tiles(rng):
@@ -391,6 +416,39 @@ def test_large_mean_check_catches_sums_around_zero(rng, kind):
         per_thread = t.tp
     with pytest.raises(CheckError, match="channel variances"):
         check_large_mean_statistics(pb, broken, rows, per_thread, kind)
+
+
+# The grad input's channel-run weight loads (make_conv2d_igemm, B_RUNS) read a
+# kernel row forwards: the kernel is not flipped.
+UNFLIPPED = (
+    "v = w[uint64(w_at + sl * KSPLIT * s_c - e)]",
+    "v = w[uint64(w_at + sl * KSPLIT * s_c + e - (KK2 - 1) + 2 * kh0 * KSIZE)]",
+)
+
+
+def test_check_catches_unflipped_channel_run_weights(rng):
+    tiles = FC.IgemmTiles(8, 8, 2, 4, 18)  # 8 threads, 8 columns: one slot, whole kernels
+    cb, kr = FC.igemm_k_tile(tiles, 3)
+    kernel = mutant(FC.make_conv2d_igemm, UNFLIPPED)(
+        tiles.bm, tiles.bn, tiles.tm, tiles.tn, 3, cb, kr, False
+    )
+    pb = _problem(rng, 1, 3, 5, 4, 5, 3, 1)
+    dx = guarded(pb.x.shape, np.float32)
+    kernel[(-(-pb.n * 4 * 5 // tiles.bm), 1), kernel.threads](
+        *(a.reshape(a.size) for a in (pb.dout_, pb.w_, pb.w_, dx.array)),
+        dx.array.reshape(pb.n * pb.c_in, 4, 5),
+        pb.n,
+        pb.c_out,
+        pb.h_out,
+        pb.w_out,
+        pb.c_in,
+        4,
+        5,
+        3 - 1 - pb.pad,
+        -(-pb.c_out // cb),
+    )
+    with pytest.raises(CheckError, match="grad input"):
+        check(dx.array, pb.dx, TOL, "grad input")
 
 
 def test_check_catches_dropped_split_k_chunk(rng):
@@ -492,6 +550,9 @@ def test_every_kernel_size_fits_the_gpu_tiles():
             cb, kr = FC.igemm_k_tile(tiles, k)
             for forward in (True, False):
                 FC.make_conv2d_igemm(tiles.bm, tiles.bn, tiles.tm, tiles.tn, k, cb, kr, forward)
+        tiles = FC.GPU_IGEMM_TILES_DGRAD_NARROW  # the grad input's only
+        cb, kr = FC.igemm_k_tile(tiles, k)
+        FC.make_conv2d_igemm(tiles.bm, tiles.bn, tiles.tm, tiles.tn, k, cb, kr, False)
         FC.make_conv2d_direct(t.txp, t.tp, t.tyc, t.tc, k, FC.direct_ci_chunk(t, k))
 
 

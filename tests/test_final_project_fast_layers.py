@@ -402,9 +402,17 @@ def test_tiny_variance_check_catches_missing_eps_in_training(rng):
         check_bn_stats_tiny_variance(rng, finalize=broken)
 
 
+# The GEMM's tile follows the work (in the simulator, on 2 SMs: 8 x 8 tiles for
+# 19 x 20 and 16 x 16 outputs, 8 x 4 for the others; on 64 SMs 8 x 4 for all) and
+# its K-split the SM count: 64 SMs cut the forward's K into up to K / GEMM_MIN_CHUNK
+# chunks (in the simulator S = 1, 5, 5, 2; the reduction's unrolled steps, S past
+# LANES x (UNROLL - 1), are checked below with S = 7 and 13).
 @pytest.mark.parametrize("n, n_in, n_out", [(1, 7, 3), (5, 40, 17), (19, 33, 20), (16, 16, 16)])
 @pytest.mark.parametrize("relu", [True, False])
-def test_linear_forward(rng, n, n_in, n_out, relu):
+@pytest.mark.parametrize("sms", [None, 64])
+def test_linear_forward(rng, monkeypatch, n, n_in, n_out, relu, sms):
+    if sms:
+        monkeypatch.setattr(fl, "sm_count", lambda: sms)
     x, w, b = (random_array(s, np.float32, rng) for s in ((n, n_in), (n_out, n_in), n_out))
     # Output 0 is positive in every row, so the ReLU'd reference is never all zero
     # (with 1 x 3 outputs all three are negative in one draw of eight).
@@ -412,11 +420,33 @@ def test_linear_forward(rng, n, n_in, n_out, relu):
     ref = F.linear(_t(x), _t(w), _t(b))
     if relu:
         ref = F.relu(ref)
-    buf = cuda.device_array(fl.splitk_partials_size(n, n_out, n_in), np.float32)
-    y = guarded((n, n_out), np.float32)
-    fl.linear_forward(*(cuda.to_device(a) for a in (x, w, b)), y.array, buf, relu=relu)
-    y.check_untouched("y")
-    check(y.array, ref, TOL, "linear forward")
+    y = check_linear_forward(rng, x, w, b, relu)
+    check(y, ref, TOL, "linear forward")
+
+
+def check_linear_forward(rng, x, w, b, relu, reduce=None):
+    """y from fl.linear_forward (``reduce``: another reduction kernel) into a
+    guarded output, twice: the repeat must give the same bits (a fixed summation
+    order). The partial buffer holds NaN past what the plan needs."""
+    n, n_in = x.shape
+    size = fl.splitk_partials_size(n, w.shape[0], n_in)
+    buf = cuda.to_device(np.full(size + 64, np.nan, np.float32))
+    x_, w_, b_ = (cuda.to_device(a) for a in (x, w, b))
+    ys = []
+    for _ in range(2):
+        y = guarded((n, w.shape[0]), np.float32)
+        if reduce is None:
+            fl.linear_forward(x_, w_, b_, y.array, buf, relu=relu)
+        else:
+            plan = fl.gemm_plan(n, w.shape[0], n_in)
+            fl.gemm_splitk("nt", x_, w_, n, w.shape[0], n_in, buf, plan)
+            reduce[ceil_div(y.array.size, reduce.outs), reduce.threads](
+                buf, plan.splits, b_, y.array.reshape(y.array.size), w.shape[0]
+            )
+        y.check_untouched("y")
+        ys.append(y.array.copy_to_host())
+    assert np.array_equal(ys[0], ys[1], equal_nan=True), "two runs, two results"
+    return ys[0]
 
 
 @pytest.mark.parametrize("n, n_in, n_out", [(1, 7, 3), (37, 21, 10), (16, 16, 16)])
@@ -441,23 +471,49 @@ def test_linear_grads(rng, n, n_in, n_out):
 
 def test_linear_split_follows_the_sm_count(monkeypatch):
     """The split-K grid is sized for the device it runs on: fc1's forward at batch
-    64 (64 x 128 outputs, K = 3,136) is cut into more K-chunks on more SMs."""
-    splits = {}
+    64 (K = 3,136) is cut into more K-chunks on more SMs, until the chunks reach
+    their minimum length; every plan covers K exactly with chunks of whole K-slices."""
+    m, j, k = fl.GEMM_TILE_SMALL.bm, 2 * fl.GEMM_TILE_SMALL.bn, 3136
+    plans = {}
     for sms in (20, 40, 132):
         monkeypatch.setattr(fl, "sm_count", lambda sms=sms: sms)
-        splits[sms] = fl.splitk_splits(64, 128, 3136)
-    assert splits[20] < splits[40] < splits[132], splits
-    tiles = ceil_div(64, fl.GEMM_BM) * ceil_div(128, fl.GEMM_BN)
-    for sms, s in splits.items():  # at least one block an SM
-        assert s * tiles >= sms, (sms, s)
+        plans[sms] = fl.gemm_plan(m, j, k)
+    splits = [p.splits for p in plans.values()]
+    assert splits == sorted(splits) and splits[0] < splits[1], plans
+    for sms, p in plans.items():
+        tiles = ceil_div(m, p.tile.bm) * ceil_div(j, p.tile.bn)
+        assert p.chunk % p.tile.bk == 0 and (p.splits - 1) * p.chunk < k <= p.splits * p.chunk
+        # at least one block an SM, or chunks as short as allowed
+        assert p.splits * tiles >= sms or p.chunk < 2 * fl.GEMM_MIN_CHUNK, (sms, p)
 
 
 @pytest.mark.parametrize("sms", [1, 64])
 def test_linear_grads_on_other_sm_counts(rng, monkeypatch, sms):
-    """Few chunks (1 SM) or one a K-step (64 SMs; in the simulator 2 and 5 chunks
-    of the weight gradient's 37 rows): the same gradients."""
+    """Few chunks (1 SM) or many (64 SMs; in the simulator 1 and 4 chunks of the
+    weight gradient's 37 rows): the same gradients."""
     monkeypatch.setattr(fl, "sm_count", lambda: sms)
     test_linear_grads(rng, 37, 7, 10)
+
+
+@pytest.mark.parametrize("outs, lanes", sorted({fl.SPLITK_REDUCE_SHAPE, (64, 4)}))
+def test_linear_forward_check_catches_a_reduce_past_the_last_chunk(rng, monkeypatch, outs, lanes):
+    """The forward's reduction with the weight reduction's off-by-one (one more
+    unrolled step than there are chunks) reads the NaN past the partials."""
+    unroll = 4
+    kernel = mutant(
+        fl.make_splitk_reduce_bias,
+        ("while s + (UNROLL - 1) * LANES < s_count:", "while s + (UNROLL - 1) * LANES <= s_count:"),
+    )(False, outs, lanes, unroll)
+    s_count = (unroll - 1) * lanes + 1  # the one S where the mutant reads chunk S
+    n, n_in, n_out = 3, s_count * fl.GEMM_MIN_CHUNK, 5
+    monkeypatch.setattr(fl, "sm_count", lambda: 10 * s_count)  # enough SMs for S chunks
+    assert fl.gemm_plan(n, n_out, n_in).splits == s_count
+    x, w, b = (random_array(s, np.float32, rng) for s in ((n, n_in), (n_out, n_in), n_out))
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    if (outs, lanes) == fl.SPLITK_REDUCE_SHAPE:
+        check(check_linear_forward(rng, x, w, b, False), want, TOL, "forward, S chunks")
+    with pytest.raises(CheckError, match="NaN"):
+        check(check_linear_forward(rng, x, w, b, False, kernel), want, TOL, "mutant forward")
 
 
 # The reduction both split-K weight gradients share (linear layers and
@@ -530,27 +586,81 @@ def test_splitk_reduce_computes_in_float64_only_its_sums():
     assert not stray, "\n".join(map(str, stray))
 
 
-def test_gemm_gpu_tile_shape(rng):
-    """The GPU's 64x64 tiles (4x4 a thread, 256 threads), on a ragged problem."""
-    kernel = fl.make_gemm_splitk(False, True, False, BM=64, BN=64, BK=16, TM=4, TN=4)
-    n, n_in, n_out = 70, 37, 65
-    x, w = random_array((n, n_in), np.float32, rng), random_array((n_out, n_in), np.float32, rng)
-    c = guarded((2, n, n_out), np.float32)
-    kernel[(2, 2, 2), (16, 16)](cuda.to_device(x), cuda.to_device(w), 32, c.array)
+def check_gemm(rng, layout, tile, m, j, k, chunk, kernel=None):
+    """The ``layout`` GEMM (fl.GEMM_LAYOUTS) of an m x k and a k x j operand, K cut
+    into chunks of ``chunk``, against float64: each chunk's partial on its own (a
+    kernel that mixes chunks up fails even where the total is right), no write
+    outside the S x m x j partials. ``kernel``: another kernel for the same tile."""
+    trans_a, trans_b, ones = fl.GEMM_LAYOUTS[layout]
+    j_data = j - 1 if ones else j
+    a = random_array((k, m) if trans_a else (m, k), np.float32, rng)
+    b = random_array((j_data, k) if trans_b else (k, j_data), np.float32, rng)
+    a64 = a.astype(np.float64).T if trans_a else a.astype(np.float64)
+    b64 = b.astype(np.float64).T if trans_b else b.astype(np.float64)
+    if ones:
+        b64 = np.hstack([b64, np.ones((k, 1))])
+    splits = ceil_div(k, chunk)
+    c = guarded((splits, m, j), np.float32)
+    plan = fl.GemmPlan(tile, splits, chunk)
+    if kernel is None:
+        fl.gemm_splitk(layout, cuda.to_device(a), cuda.to_device(b), m, j, k, c.array, plan)
+    else:
+        kernel[(ceil_div(j, tile.bn), ceil_div(m, tile.bm), splits), tile.threads](
+            cuda.to_device(a.ravel()),
+            cuda.to_device(b.ravel()),
+            c.array.reshape(c.array.size),
+            m,
+            j,
+            k,
+            chunk,
+        )
     c.check_untouched("partials")
-    check(c.array.copy_to_host().sum(0), x.astype(np.float64) @ w.T, TOL, "64x64 split-K GEMM")
+    parts = c.array.copy_to_host()
+    for s in range(splits):
+        ks = slice(s * chunk, (s + 1) * chunk)
+        check(parts[s], a64[:, ks] @ b64[ks], TOL, f"{layout} GEMM on {tile}, chunk {s}")
+
+
+# This runtime's tiles on several blocks a side and ragged edges: M, J not
+# multiples of the tile, K of 3 chunks the last of which ends inside a K-slice.
+@pytest.mark.parametrize("layout", list(fl.GEMM_LAYOUTS))
+@pytest.mark.parametrize("tile", sorted({fl.GEMM_TILE, fl.GEMM_TILE_SMALL}, key=str), ids=str)
+def test_gemm_layouts(rng, layout, tile):
+    check_gemm(
+        rng, layout, tile, 2 * tile.bm + 3, 2 * tile.bn - 1, 2 * 2 * tile.bk + 3, 2 * tile.bk
+    )
+
+
+# The GPU's tiles (256 threads, slow in the simulator: one block a chunk): M, J
+# inside one tile, and 2 chunks, the second a partial K-slice.
+@pytest.mark.parametrize("layout", list(fl.GEMM_LAYOUTS))
+@pytest.mark.parametrize("tile", [fl.GPU_GEMM_TILE, fl.GPU_GEMM_TILE_SMALL], ids=str)
+def test_gemm_gpu_tiles(rng, layout, tile):
+    check_gemm(rng, layout, tile, tile.bm - 3, tile.bn - 5, tile.bk + 5, tile.bk)
+
+
+def test_gemm_check_catches_a_write_past_the_row(rng):
+    """An epilogue that writes column J too (``<=`` for ``<``) writes a zero into
+    the next row's first partial, and past the last row's end (on a GPU into the
+    guard cells; the simulator stops there with an IndexError)."""
+    tile = fl.GEMM_TILE
+    kernel = mutant(fl.make_gemm_splitk, ("if j < j_size:", "if j <= j_size:"))(
+        *fl.GEMM_LAYOUTS["nt"], tile
+    )
+    with pytest.raises((CheckError, IndexError)):
+        check_gemm(rng, "nt", tile, tile.bm + 1, tile.bn - 1, 2 * tile.bk, tile.bk, kernel)
 
 
 def test_gemm_missing_k_chunk_fails(rng):
     """A launch one K-chunk short (the last partial tile skipped) must fail the check."""
     n, n_in, n_out = 5, 40, 6
     x, w = random_array((n, n_in), np.float32, rng), random_array((n_out, n_in), np.float32, rng)
-    chunk = fl.GEMM_BK
-    splits = -(-n_in // chunk)
+    tile = fl.GEMM_TILE_SMALL
+    chunk = tile.bk
+    splits = ceil_div(n_in, chunk)
     part = cuda.to_device(np.zeros((splits, n, n_out), np.float32))
-    fl.gemm_splitk_nt[(1, 1, splits - 1), fl.GEMM_THREADS](
-        cuda.to_device(x), cuda.to_device(w), chunk, part
-    )
+    plan = fl.GemmPlan(tile, splits - 1, chunk)
+    fl.gemm_splitk("nt", cuda.to_device(x), cuda.to_device(w), n, n_out, n_in, part, plan)
     with pytest.raises(CheckError):
         check(part.copy_to_host().sum(0), x.astype(np.float64) @ w.T, TOL, "short split-K")
 

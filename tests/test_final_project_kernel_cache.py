@@ -341,3 +341,18 @@ def test_epoch_batch_sizes(n, batch, drop_last, want):
         pinned=False,
     )
     assert b.batch_sizes() == want
+
+
+def test_a_broken_copy_of_a_cached_kernel_asks_for_no_cache():
+    # tests/mutants.py compiles edited source that has no file: numba cannot cache
+    # it ("no locator available" on a GPU), so the copy must not ask to be cached.
+    import linecache
+
+    from mutants import mutant
+
+    from final_project import fast_layers
+
+    broken = mutant(fast_layers.mean_reduce_kernel, ("out[0] = s[0]", "out[0] = -s[0]"))
+    source = "".join(linecache.getlines(broken.py_func.__code__.co_filename))
+    assert "cache=False" in source and "cache=True" not in source
+    assert "out[0] = -s[0]" in source
