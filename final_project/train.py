@@ -465,6 +465,8 @@ def train(
     history = []
     step = 0
     first_step_s = None
+    # on a GPU the first step compiles the kernels (or loads them from the cache)
+    first_step_note = "" if common.is_simulator() else ": it compiles or loads every kernel"
     total = (
         epochs * len(train_batches)
         if max_steps is None
@@ -552,11 +554,7 @@ def train(
             f"test accuracy {acc:.2f}% on {test_batches.count} images, "
             + (f"{ms:.3f} ms/step, " if ms is not None else "")
             + f"{row['seconds']:.1f} s"
-            + (
-                f" (the first step {first_step_s:.2f} s: it compiles or loads every kernel)"
-                if epoch == 1
-                else ""
-            )
+            + (f" (the first step {first_step_s:.2f} s{first_step_note})" if epoch == 1 else "")
         )
     return history
 
