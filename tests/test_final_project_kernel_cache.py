@@ -178,32 +178,69 @@ def test_precompile_workers_leave_every_kernel_in_the_cache(tmp_path):
 # -- compile_only and the precompile bookkeeping, without a GPU ------------------------
 
 
+def _factory():
+    def kernel(x):  # one source function: every FakeDispatcher of it shares its code
+        pass
+
+    return kernel
+
+
 class FakeDispatcher:
-    """Stands in for numba's CUDADispatcher: records compiles and real launches."""
+    """Stands in for numba's CUDADispatcher: records compiles and real launches.
+    ``function`` names its source function: dispatchers built with the same name
+    share one code object, as the kernels of one factory do."""
 
     compiles: list = []
     launches: list = []
+    _functions: dict = {}
 
-    def __init__(self, name):
-        self.__name__ = name
+    def __init__(self, name, function=None):
+        self.name = self.__name__ = name
+        self.function = function or name
+        self.py_func = FakeDispatcher._functions.setdefault(function or name, _factory())
+        # the same code object for one function, another for each other function
+        self.py_func.__code__ = self.py_func.__code__.replace(
+            co_firstlineno=1000 + list(FakeDispatcher._functions).index(function or name)
+        )
 
     def typeof_pyval(self, value):
         return type(value).__name__
 
     def compile(self, types):
-        FakeDispatcher.compiles.append((self.__name__, types))
+        FakeDispatcher.compiles.append((self.name, types))
 
     def call(self, args, launch_config=None):
-        FakeDispatcher.launches.append(self.__name__)
+        FakeDispatcher.launches.append(self.name)
 
 
 def _launch_sequence():
+    FakeDispatcher._functions = {}
     a, b, c = FakeDispatcher("a"), FakeDispatcher("b"), FakeDispatcher("c")
-    # 5 distinct (kernel, types) pairs, some launched more than once
-    return [(a, (1,)), (b, (1.0,)), (a, (1,)), (a, ("s",)), (c, (1,)), (b, (2.0,)), (c, (1.5,))]
+    # two kernels of one factory: one source function, so one process compiles both
+    f1, f2 = FakeDispatcher("f1", "factory"), FakeDispatcher("f2", "factory")
+    d, e = FakeDispatcher("d"), FakeDispatcher("e")
+    # 9 distinct (kernel, types) pairs of 6 source functions, some launched twice
+    return [
+        (a, (1,)),
+        (b, (1.0,)),
+        (a, (1,)),
+        (f1, (1,)),
+        (a, ("s",)),
+        (c, (1,)),
+        (f2, (1,)),
+        (b, (2.0,)),
+        (d, (1,)),
+        (e, (1,)),
+        (c, (1.5,)),
+        (f2, (1,)),
+    ]
 
 
-@pytest.mark.parametrize("shards", [1, 2, 3, 5, 7])
+def _types(args):
+    return (type(args[0]).__name__,)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 4, 7])
 def test_compile_only_shares_every_kernel_once_and_launches_none(shards):
     from common.kernel_cache import compile_only
 
@@ -221,21 +258,16 @@ def test_compile_only_shares_every_kernel_once_and_launches_none(shards):
     assert FakeDispatcher.call is real_call  # the launch path is given back
     assert FakeDispatcher.launches == []  # nothing ran
     every = [x for share in shares for x in share]
-    assert sorted(every) == sorted(
-        {
-            (
-                d.__name__,
-                ("int",)
-                if isinstance(a[0], int)
-                else ("float",)
-                if isinstance(a[0], float)
-                else ("str",),
-            )
-            for d, a in launches
-        }
-    )
-    assert len(every) == len(set(every)) == 5  # each pair compiled by exactly one shard
-    assert max(map(len, shares)) - min(map(len, shares)) <= 1  # evenly shared
+    assert sorted(every) == sorted({(d.name, _types(a)) for d, a in launches})
+    assert len(every) == len(set(every)) == 9  # each pair compiled by exactly one shard
+    function_of = {d.name: d.function for d, _ in launches}
+    owners = {}  # source function -> the shards that compiled a version of it
+    for shard, share in enumerate(shares):
+        for name, _ in share:
+            owners.setdefault(function_of[name], set()).add(shard)
+    assert all(len(o) == 1 for o in owners.values()), owners  # one process a function
+    per_shard = [sum(1 for o in owners.values() if shard in o) for shard in range(shards)]
+    assert max(per_shard) - min(per_shard) <= 1  # functions evenly shared
 
 
 def test_compile_only_gives_back_the_launch_path_after_an_error():
