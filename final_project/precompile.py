@@ -198,18 +198,21 @@ class Job:
                 + "; ".join(failed)
                 + ")"
             )
-        self.record.parent.mkdir(parents=True, exist_ok=True)
-        self.record.write_text(
-            json.dumps(
-                {
-                    "spec": json.loads(self.spec.to_json()),
-                    "workers": self.workers,
-                    "seconds": seconds,
-                    "kernels": kernels,
-                },
-                indent=1,
+        record = {
+            "spec": json.loads(self.spec.to_json()),
+            "workers": self.workers,
+            "seconds": seconds,
+            "kernels": kernels,
+        }
+        try:
+            self.record.parent.mkdir(parents=True, exist_ok=True)
+            self.record.write_text(json.dumps(record, indent=1))
+        except OSError as e:  # numba could not keep the kernels either: say so
+            return (
+                f"kernels: {len(kernels)} compiled in {self.workers} processes in "
+                f"{seconds:.1f} s, but {KERNEL_CACHE_DIR} is not writable ({e.strerror}): "
+                "set NUMBA_CACHE_DIR to a writable folder to keep them"
             )
-        )
         return (
             f"kernels: {len(kernels)} compiled in {self.workers} processes in {seconds:.1f} s, "
             f"kept in {KERNEL_CACHE_DIR}"
