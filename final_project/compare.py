@@ -738,6 +738,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     ftrain.resolve_args(args, p)
+    if args.torch_tf32 and args.torch_precision not in (None, "tf32"):
+        p.error(f"--torch-tf32 and --torch-precision {args.torch_precision} disagree")
+    if args.torch_tf32:
+        args.torch_precision = "tf32"
     if os.environ.get("WORLD_SIZE"):  # started by torchrun: ours data-parallel against torch DDP
         from final_project import distributed
 
@@ -761,10 +765,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--configs: {unknown} cannot run here; choose from {runnable}")
     else:
         configs = runnable
-    if args.torch_tf32 and args.torch_precision not in (None, "tf32"):
-        p.error(f"--torch-tf32 and --torch-precision {args.torch_precision} disagree")
-    if args.torch_tf32:
-        args.torch_precision = "tf32"
     if args.torch_precision is None:
         args.torch_precision = "both" if device.type == "cuda" else "fp32"
     precisions = (

@@ -981,10 +981,13 @@ def compare_main(args: Any, parser: Any) -> int:
        at each of --time-batch-sizes (default: --batch-size). Rank 0 writes
        ``compare_data_parallel.json`` to --out.
     """
+    from final_project import compare as fcompare
     from final_project import data as fdata
     from final_project import train as ftrain
 
     _check_args(world_size(), args, parser)
+    if args.torch_precision == "both":
+        parser.error("under torchrun, compare times one precision: --torch-precision fp32 or tf32")
     sizes = args.time_batch_sizes or [args.batch_size]
     for b in sizes:
         try:
@@ -997,8 +1000,7 @@ def compare_main(args: Any, parser: Any) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     log = _rank0_log(comm)
-    torch.backends.cudnn.allow_tf32 = args.torch_tf32
-    torch.backends.cuda.matmul.allow_tf32 = args.torch_tf32
+    fcompare.set_torch_precision(args.torch_precision or "fp32")
     gpu = device_name()
     log(f"data parallel compare: {comm.world} ranks ({comm.backend}) on {gpu}")
     loaded = _load_images(comm, args, log)

@@ -26,6 +26,7 @@ Usage::
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common.harness import positive_ints
 from common.runtime import KERNEL_CACHE_DIR, device_name, is_simulator
 
 import argparse
@@ -153,10 +154,6 @@ class Job:
         if self.record.exists():
             self.skipped = f"kernels: loaded from the cache ({KERNEL_CACHE_DIR})"
             return
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
         for k in range(workers):
             self.procs.append(
                 subprocess.Popen(
@@ -169,8 +166,7 @@ class Job:
                         "--spec",
                         spec.to_json(),
                     ],
-                    cwd=ROOT,
-                    env=env,
+                    cwd=ROOT,  # python -m puts the working folder on the path
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -234,16 +230,6 @@ def start(
     return Job(spec, default_workers() if workers is None else workers)
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected batch sizes like 64,256, got {text!r}")
-    return sizes
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m final_project.precompile",
@@ -253,14 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--batch-sizes",
-        type=_sizes,
+        type=positive_ints,
         default=(64,),
         metavar="B1,B2",
         help="training batch sizes (default 64)",
     )
     p.add_argument(
         "--eval-batch-sizes",
-        type=_sizes,
+        type=positive_ints,
         default=None,
         metavar="B1,B2",
         help="evaluation batch sizes (default: the training ones)",

@@ -214,6 +214,18 @@ def test_under_torchrun_train_and_compare_refuse_a_batch_the_ranks_do_not_split(
     assert "--kernels fast" in capsys.readouterr().err
 
 
+def test_under_torchrun_compare_refuses_two_torch_precisions(monkeypatch, capsys):
+    from final_project import compare
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    argv = ["--kernels", "fast", "--sample", "--batch-size", "64", "--timing-only"]
+    with pytest.raises(SystemExit) as exit_:  # before any process group
+        compare.main([*argv, "--torch-precision", "both"])
+    assert exit_.value.code == 2
+    assert "one precision" in capsys.readouterr().err
+
+
 def test_a_torch_without_nccl_is_named(monkeypatch):
     monkeypatch.setattr(fdist, "is_simulator", lambda: False)
     monkeypatch.setattr(fdist.dist, "is_nccl_available", lambda: False)

@@ -63,18 +63,20 @@ def test_the_scan_sees_a_kernel_without_cache():
     assert got == {"a": False, "b": True, "d": False}
 
 
+def _run(code_or_args, env):
+    """Run ``python -c code`` (or ``python *args``) in a fresh process from the
+    repository root; its last line of output."""
+    args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
+    done = subprocess.run(
+        [sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
 def _cache_dir_in_a_fresh_process(env):
     code = "import common, numba.core.config as c; print(c.CACHE_DIR)"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**env, "NUMBA_ENABLE_CUDASIM": "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
+    return _run(code, {**env, "NUMBA_ENABLE_CUDASIM": "1"})
 
 
 def test_kernels_are_cached_in_the_course_folder_unless_numba_cache_dir_is_set(tmp_path):
@@ -123,15 +125,6 @@ SMALL_SPEC = (
     '"num_classes": 10, "bn_eps": 1e-05, "bn_momentum": 0.1}, "train_sizes": [4], '
     '"eval_sizes": [4], "conv1": "direct"}'
 )
-
-
-def _run(code_or_args, env):
-    args = code_or_args if isinstance(code_or_args, list) else ["-c", code_or_args]
-    done = subprocess.run(
-        [sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout.strip().splitlines()[-1]
 
 
 def _gpu_env(cache):
