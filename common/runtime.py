@@ -128,10 +128,11 @@ def cache_dir(name: str) -> Path:
     return Path(root) / "cuda-python-course" / name
 
 
-# Kernels declared with cache=True (the capstone's) are compiled once and kept on
-# disk, here unless NUMBA_CACHE_DIR says otherwise (numba reads it at import). Numba
-# recompiles where the source file, the GPU's compute capability or numba-cuda's
-# version changed; deleting the folder clears it.
+# Kernels declared with cache=True (the capstone's and the chapters') are compiled once
+# and kept on disk, here unless NUMBA_CACHE_DIR says otherwise (numba reads it at
+# import). Numba recompiles where the kernel's source file, the GPU's compute
+# capability or numba-cuda's version changed (not another file the kernel uses);
+# deleting the folder clears it.
 os.environ.setdefault("NUMBA_CACHE_DIR", str(cache_dir("numba")))
 KERNEL_CACHE_DIR = Path(os.environ["NUMBA_CACHE_DIR"])
 

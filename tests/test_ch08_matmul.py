@@ -103,6 +103,8 @@ def mutant(tmp_path, factory, *edits):
     for old, new in edits:
         assert old in src, f"{old!r} is not in {factory.__name__} any more: update the test"
         src = src.replace(old, new)
+    # never mistaken for the cached original, nor kept in the course's kernel cache
+    src = src.replace("cache=True", "cache=False")
     path = tmp_path / f"{factory.__name__}_mutant.py"
     path.write_text(src)
     namespace = dict(factory.__globals__)

@@ -134,8 +134,14 @@ def test_pass_twiddles_match_the_table():
 
 
 def _uncached_factory(monkeypatch):
-    """Rebuild version 4-5 kernels on every call, so patched helpers are picked up."""
-    monkeypatch.setattr(fft, "make_fft_stockham_radix8", fft.make_fft_stockham_radix8.__wrapped__)
+    """Rebuild version 4-5 kernels on every call, so patched helpers are picked up: from
+    the factory's source (tests/mutants.py), with the module's globals of that moment
+    and without the disk cache, which would load the kernel compiled with the real
+    helpers (numba's cache key holds the kernel's file, code and closure, no global)."""
+    factory = fft.make_fft_stockham_radix8.__wrapped__
+    monkeypatch.setattr(
+        fft, "make_fft_stockham_radix8", lambda *args, **kw: mutant(factory)(*args, **kw)
+    )
 
 
 def _fails(version, rng, exc=CheckError, sizes=((3, 4), (2, 16), (1, 64))):

@@ -18,37 +18,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from kernel_decorators import asks_for_cache, jit_decorators
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPSTONE_KERNEL_FILES = ("kernels.py", "fast_layers.py", "fast_conv.py")
-
-
-def _jit_decorators(tree):
-    """(kernel name, the decorator's keyword names) of every ``cuda.jit`` / ``jit``
-    decorated function in ``tree``, device functions left out."""
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef):
-            continue
-        for dec in node.decorator_list:
-            call = dec if isinstance(dec, ast.Call) else None
-            name = ast.unparse(call.func if call else dec)
-            if name not in ("cuda.jit", "jit"):
-                continue
-            keywords = {k.arg: k.value for k in call.keywords} if call else {}
-            device = keywords.get("device")
-            if isinstance(device, ast.Constant) and device.value:
-                continue
-            yield node.name, keywords
 
 
 def test_every_capstone_kernel_asks_to_be_cached():
     found, uncached = 0, []
     for file in CAPSTONE_KERNEL_FILES:
         tree = ast.parse((ROOT / "final_project" / file).read_text())
-        for name, keywords in _jit_decorators(tree):
+        for name, keywords in jit_decorators(tree):
             found += 1
-            cache = keywords.get("cache")
-            if not (isinstance(cache, ast.Constant) and cache.value is True):
+            if not asks_for_cache(keywords):
                 uncached.append(f"{file}: {name}")
     assert found >= 30, f"only {found} kernels found: did the files move?"
     assert not uncached, "kernels compiled again in every process: " + ", ".join(uncached)
@@ -59,7 +41,7 @@ def test_the_scan_sees_a_kernel_without_cache():
         "@cuda.jit\ndef a(x): pass\n@cuda.jit(cache=True)\ndef b(x): pass\n"
         "@cuda.jit(device=True)\ndef c(x): pass\n@jit(launch_bounds=(64, 2))\ndef d(x): pass\n"
     )
-    got = {name: "cache" in kw for name, kw in _jit_decorators(tree)}
+    got = {name: asks_for_cache(kw) for name, kw in jit_decorators(tree)}
     assert got == {"a": False, "b": True, "d": False}
 
 

@@ -41,7 +41,7 @@ def pairwise_dist_numpy(points, out):
 
 # The two outer loops become the grid: thread (x=j, y=i) computes one d[i, j].
 # Each thread reads 2D floats and does 3D FLOPs.
-@cuda.jit
+@cuda.jit(cache=True)
 def pairwise_dist_naive(points, out):
     j, i = cuda.grid(2)
     if i < out.shape[0] and j < out.shape[1]:

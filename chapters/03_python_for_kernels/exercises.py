@@ -86,7 +86,7 @@ def horner_f32(x):
 horner_f32_device = cuda.jit(device=True)(horner_f32)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def poly_kernel(x, out):
     i = cuda.grid(1)
     if i < out.size:

@@ -52,7 +52,7 @@ def fma_chain_reference(x, iters, mul=MUL, add=ADD):
 
 
 # version 1: bare literals; each of the ITERS steps is a float64 FMA.
-@cuda.jit
+@cuda.jit(cache=True)
 def fma_chain_promoted(x, iters, out):
     i = cuda.grid(1)
     if i < x.size:
@@ -63,7 +63,7 @@ def fma_chain_promoted(x, iters, out):
 
 
 # version 2: float32 constants; each step is one float32 FMA.
-@cuda.jit
+@cuda.jit  # not cached: chapter 04's timing_mistakes.py times its first call, the JIT compile
 def fma_chain_f32(x, iters, out):
     i = cuda.grid(1)
     if i < x.size:
@@ -74,7 +74,7 @@ def fma_chain_f32(x, iters, out):
 
 
 # version 3: x * 0.5 is float64, so math.exp picks the float64 exp.
-@cuda.jit
+@cuda.jit(cache=True)
 def exp_promoted(x, out):
     i = cuda.grid(1)
     if i < x.size:
@@ -82,7 +82,7 @@ def exp_promoted(x, out):
 
 
 # version 4: float32 in, float32 exp.
-@cuda.jit
+@cuda.jit(cache=True)
 def exp_f32(x, out):
     i = cuda.grid(1)
     if i < x.size:

@@ -58,7 +58,7 @@ def show_int_overflow():
 # The same kernel for both layouts: thread (x=col, y=row) copies src[row, col].
 # Cost: 4 bytes read + 4 written a thread; whether a warp's 32 reads fall in four
 # 32-byte sectors (one 128-byte line) or in 32 sectors depends only on src's strides.
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_2d(src, dst):
     col, row = cuda.grid(2)
     if row < dst.shape[0] and col < dst.shape[1]:

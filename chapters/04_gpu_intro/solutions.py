@@ -10,7 +10,7 @@ import numpy as np
 from numba import cuda
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scale_kernel(x, alpha, out):
     i = cuda.grid(1)
     if i < out.size:

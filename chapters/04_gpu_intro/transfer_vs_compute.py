@@ -37,7 +37,7 @@ vector_add = load_chapter_module("05_first_kernels", "vector_add").vector_add_na
 
 # POLY_ITERS FMAs an element on two loads and one store: 10.7 FLOP/byte. It takes the
 # same inputs as vector_add (a, b) so that both operations copy the same bytes.
-@cuda.jit
+@cuda.jit(cache=True)
 def poly_eval(a, b, out):
     i = cuda.grid(1)
     if i < out.size:

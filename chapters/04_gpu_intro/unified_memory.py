@@ -46,7 +46,7 @@ TWO = np.float32(2.0)
 
 
 # One thread an element: one load, one multiply, one store.
-@cuda.jit
+@cuda.jit(cache=True)
 def double_into(x, out):
     i = cuda.grid(1)
     if i < out.size:

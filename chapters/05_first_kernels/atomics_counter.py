@@ -29,7 +29,7 @@ from numba import cuda
 
 # version 1: a data race. The barrier lines up every thread of the block (as a warp is
 # lined up on a GPU) so that, in the simulator too, many threads reach the += at once.
-@cuda.jit
+@cuda.jit(cache=True)
 def count_above_plain(x, threshold, counter):
     i = cuda.grid(1)
     cuda.syncthreads()
@@ -38,7 +38,7 @@ def count_above_plain(x, threshold, counter):
 
 
 # version 2: the same with an atomic add; all passing threads serialize on one address.
-@cuda.jit
+@cuda.jit(cache=True)
 def count_above_atomic(x, threshold, counter):
     i = cuda.grid(1)
     cuda.syncthreads()

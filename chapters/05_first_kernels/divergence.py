@@ -36,7 +36,7 @@ def reference(x, group, iters):
 
 
 # Both paths do ITERS FMAs; a warp whose threads disagree runs both, one after the other.
-@cuda.jit
+@cuda.jit(cache=True)
 def branch_by_group(x, group, iters, out):
     i = cuda.grid(1)
     if i < x.size:

@@ -14,7 +14,7 @@ from numba import cuda
 # ---------------------------------------------------------------- 5.1 scaled add
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scaled_add_kernel(alpha, x, y, out):
     # TODO: the global index of this thread (cuda.grid)
     # TODO: threads past the end do nothing; the others write alpha * x + y
@@ -47,7 +47,7 @@ def scaled_add(alpha, x, y, out, threads_per_block=128):
 # ---------------------------------------------------------------- 5.2 2D map
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def map_2d_kernel(x, out):
     # TODO: column and row of this thread (x walks columns)
     # TODO: guard both dimensions, then write out[r, c]
@@ -81,7 +81,7 @@ def map_2d(x, out, block=(16, 16)):
 # ---------------------------------------------------------------- 5.3 broadcast
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def broadcast_add_kernel(x, row, col, out):
     # TODO: column and row of this thread, guarded
     # TODO: row is indexed by the column, col by the row
@@ -120,7 +120,7 @@ def broadcast_add(x, row, col, out, block=(16, 16)):
 # ---------------------------------------------------------------- 5.4 clamp
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def clamp_grid_stride_kernel(x, lo, hi, out):
     # TODO: start at this thread's global index, step by the whole grid (cuda.gridsize)
     # TODO: clamp each element to [lo, hi]
@@ -153,7 +153,7 @@ def clamp(x, lo, hi, out, blocks=2, threads_per_block=64):
 # ---------------------------------------------------------------- 5.5 batched matmul
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def batched_matmul_kernel(a, b, out):
     # TODO: column, row and batch index of this thread (cuda.grid(3))
     # TODO: guard all three; sum a[z, i, k] * b[z, k, j] over k in a float32 accumulator
@@ -186,7 +186,7 @@ def batched_matmul(a, b, out, block=(8, 8, 2)):
 # ---------------------------------------------------------------- 5.6 counting with atomics
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_above_kernel(x, threshold, counter):
     # TODO: guarded global index; if x[i] > threshold add 1 to counter[0] atomically
     pass

@@ -73,7 +73,7 @@ def sweep_buffers(x0, tmp, out, k, sweeps):
 
 
 # version 1: one sweep a launch, a thread a point; the host loops over the sweeps.
-@cuda.jit
+@cuda.jit(cache=True)
 def jacobi_sweep(src, dst):
     i = cuda.grid(1)
     if i < dst.size:
@@ -82,7 +82,7 @@ def jacobi_sweep(src, dst):
 
 # version 2: one block does every sweep, each thread a point every blockDim.x;
 # a block barrier between sweeps is cheap, but one SM of the GPU works.
-@cuda.jit
+@cuda.jit(cache=True)
 def jacobi_sweeps_one_block(x0, tmp, out, sweeps):
     for k in range(sweeps):
         src, dst = sweep_buffers(x0, tmp, out, k, sweeps)
@@ -100,7 +100,7 @@ def jacobi_sweeps_one_block(x0, tmp, out, sweeps):
 GRID_SYNC_SIGNATURE = (float32[::1], float32[::1], float32[::1], int64)
 
 
-@cuda.jit(GRID_SYNC_SIGNATURE)
+@cuda.jit(GRID_SYNC_SIGNATURE, cache=True)
 def jacobi_sweeps_grid_sync(x0, tmp, out, sweeps):
     grid = cuda.cg.this_grid()
     for k in range(sweeps):

@@ -20,7 +20,7 @@ from numba import cuda
 
 
 # Every thread runs the same code; only these built-in coordinates tell them apart.
-@cuda.jit
+@cuda.jit(cache=True)
 def hello_threads():
     print(
         "block",
@@ -37,7 +37,7 @@ def hello_threads():
 
 
 # cuda.grid(1) is the one-liner for blockIdx.x * blockDim.x + threadIdx.x.
-@cuda.jit
+@cuda.jit(cache=True)
 def global_index_1d(out):
     i = cuda.grid(1)
     if i < out.size:  # the last block may stick out past the array
@@ -46,7 +46,7 @@ def global_index_1d(out):
 
 # cuda.grid(2) returns (x, y); we let x walk columns so neighbouring threads write
 # neighbouring addresses (chapter 6 measures why that matters).
-@cuda.jit
+@cuda.jit(cache=True)
 def global_index_2d(rows_out, cols_out):
     col, row = cuda.grid(2)
     if row < rows_out.shape[0] and col < rows_out.shape[1]:

@@ -38,7 +38,7 @@ def rgb_to_gray_reference(img):
 
 # version 1: x walks columns (the fastest-moving index in memory), y walks rows.
 # Each thread reads 3 floats and writes 1: memory-bound, 16 bytes a pixel.
-@cuda.jit
+@cuda.jit(cache=True)
 def rgb_to_gray_2d(img, weights, gray):
     col, row = cuda.grid(2)
     if row < gray.shape[0] and col < gray.shape[1]:
@@ -52,7 +52,7 @@ def rgb_to_gray_2d(img, weights, gray):
 # version 2: thread (col j, row i) computes C[i, j] = sum_k A[i, k] * B[k, j].
 # Every thread reads a whole row of A and a column of B from global memory:
 # 2 loads per FMA, no reuse (chapter 8 tiles this through shared memory).
-@cuda.jit
+@cuda.jit(cache=True)
 def matmul_naive(a, b, c):
     j, i = cuda.grid(2)
     if i < c.shape[0] and j < c.shape[1]:
@@ -64,7 +64,7 @@ def matmul_naive(a, b, c):
 
 # version 3: the same, once per matrix of a batch; grid z = batch index, so one
 # launch covers the whole batch instead of a Python loop of launches.
-@cuda.jit
+@cuda.jit(cache=True)
 def batched_matmul_naive(a, b, c):
     j, i, z = cuda.grid(3)
     if z < c.shape[0] and i < c.shape[1] and j < c.shape[2]:

@@ -25,14 +25,14 @@ from numba import cuda
 
 
 # version 1: every thread writes, including the ones past the end of the array.
-@cuda.jit
+@cuda.jit(cache=True)
 def fill_index_unchecked(out):
     i = cuda.grid(1)
     out[i] = i
 
 
 # version 2: the bounds check; costs one compare a thread.
-@cuda.jit
+@cuda.jit(cache=True)
 def fill_index_checked(out):
     i = cuda.grid(1)
     if i < out.size:

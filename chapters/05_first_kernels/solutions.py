@@ -13,7 +13,7 @@ from numba import cuda
 # ---------------------------------------------------------------- 5.1 scaled add
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def scaled_add_kernel(alpha, x, y, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -43,7 +43,7 @@ def scaled_add(alpha, x, y, out, threads_per_block=128):
 # ---------------------------------------------------------------- 5.2 2D map
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def map_2d_kernel(x, out):
     c, r = cuda.grid(2)  # x-dimension -> column: neighbouring threads touch neighbouring memory
     if r < out.shape[0] and c < out.shape[1]:
@@ -77,7 +77,7 @@ def map_2d(x, out, block=(16, 16)):
 # ---------------------------------------------------------------- 5.3 broadcast
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def broadcast_add_kernel(x, row, col, out):
     c, r = cuda.grid(2)
     if r < out.shape[0] and c < out.shape[1]:
@@ -113,7 +113,7 @@ def broadcast_add(x, row, col, out, block=(16, 16)):
 # ---------------------------------------------------------------- 5.4 clamp
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def clamp_grid_stride_kernel(x, lo, hi, out):
     start = cuda.grid(1)
     stride = cuda.gridsize(1)
@@ -146,7 +146,7 @@ def clamp(x, lo, hi, out, blocks=2, threads_per_block=64):
 # ---------------------------------------------------------------- 5.5 batched matmul
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def batched_matmul_kernel(a, b, out):
     j, i, z = cuda.grid(3)  # column, row, batch
     if z < out.shape[0] and i < out.shape[1] and j < out.shape[2]:
@@ -179,7 +179,7 @@ def batched_matmul(a, b, out, block=(8, 8, 2)):
 # ---------------------------------------------------------------- 5.6 counting with atomics
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def count_above_kernel(x, threshold, counter):
     i = cuda.grid(1)
     if i < x.size and x[i] > threshold:

@@ -37,7 +37,7 @@ def vector_add_python(a, b, out):
 
 # version 2: thread i handles element i; the grid is rounded up to whole blocks,
 # so threads past n must do nothing. Each thread: 2 loads, 1 add, 1 store.
-@cuda.jit
+@cuda.jit(cache=True)
 def vector_add_naive(a, b, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -46,7 +46,7 @@ def vector_add_naive(a, b, out):
 
 # version 3: the grid is sized to the GPU (not to n) and each thread strides by the
 # whole grid; the same kernel handles any n, and each launch costs the same few blocks.
-@cuda.jit
+@cuda.jit(cache=True)
 def vector_add_grid_stride(a, b, out):
     for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
         out[i] = a[i] + b[i]

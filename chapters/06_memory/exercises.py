@@ -40,7 +40,7 @@ NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------- 6.1 shift left
-@cuda.jit
+@cuda.jit(cache=True)
 def shift_left_kernel(x, out):
     tile = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -68,7 +68,7 @@ def shift_left(x, out):
 
 
 # ---------------------------------------------------------------- 6.2 block sums
-@cuda.jit
+@cuda.jit(cache=True)
 def block_sums_kernel(x, out):
     s = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -98,7 +98,7 @@ def block_sums(x, out):
 
 
 # ---------------------------------------------------------------- 6.3 dot product
-@cuda.jit
+@cuda.jit(cache=True)
 def dot_kernel(a, b, out):
     s = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -133,7 +133,7 @@ def dot(a, b, out, blocks=4):
 
 
 # ---------------------------------------------------------------- 6.4 max with index
-@cuda.jit
+@cuda.jit(cache=True)
 def argmax_kernel(x, block_val, block_idx):
     sv = cuda.shared.array(BLOCK, float32)
     si = cuda.shared.array(BLOCK, int32)
@@ -175,7 +175,7 @@ def argmax(x):
 
 
 # ---------------------------------------------------------------- 6.5 tiled transpose
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_kernel(a, out):
     tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
@@ -207,7 +207,7 @@ def transpose_tiled(a, out):
 
 
 # ---------------------------------------------------------------- 6.6 histogram, global atomics
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_global_kernel(x, bins):
     i = cuda.grid(1)
     while i < x.size:
@@ -230,7 +230,7 @@ def histogram_global(x, bins, blocks=2):
 
 
 # ---------------------------------------------------------------- 6.7 histogram, privatised
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_private_kernel(x, bins):
     h = cuda.shared.array(NBINS, int32)
     t = cuda.threadIdx.x
@@ -258,7 +258,7 @@ def histogram_privatised(x, bins, blocks=2):
 
 
 # ---------------------------------------------------------------- 6.8 inclusive scan
-@cuda.jit
+@cuda.jit(cache=True)
 def block_scan_kernel(x, out, sums):
     s = cuda.shared.array(BLOCK, int32)
     t = cuda.threadIdx.x
@@ -276,7 +276,7 @@ def block_scan_kernel(x, out, sums):
         sums[cuda.blockIdx.x] = s[t]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_offsets_kernel(out, scanned_sums):
     i = cuda.grid(1)
     if i < out.size and cuda.blockIdx.x > 0:
@@ -304,7 +304,7 @@ def scan_inclusive(x, out):
 
 
 # ---------------------------------------------------------------- 6.9 1-D stencil with halo
-@cuda.jit
+@cuda.jit(cache=True)
 def stencil_kernel(x, w, out):
     tile = cuda.shared.array(HALO_BLOCK, float32)
     t = cuda.threadIdx.x
@@ -338,7 +338,7 @@ def stencil_1d(x, w, out):
 
 
 # ---------------------------------------------------------------- 6.10 row softmax
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_kernel(x, out):
     s = cuda.shared.array(BLOCK, float32)
     r = cuda.blockIdx.x
@@ -374,7 +374,7 @@ def softmax_rows(x, out):
 FLAG_NONE, FLAG_AGGREGATE, FLAG_PREFIX = 0, 1, 2
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def lookback_scan_kernel(x, out, flags, aggregates, prefixes, ticket):
     s = cuda.shared.array(BLOCK, int32)
     state = cuda.shared.array(2, int32)  # [0] tile, [1] exclusive prefix
@@ -411,7 +411,7 @@ def lookback_scan_kernel(x, out, flags, aggregates, prefixes, ticket):
         out[i] = s[t] + state[1]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def reset_status_kernel(flags, ticket):
     i = cuda.grid(1)
     if i < flags.size:

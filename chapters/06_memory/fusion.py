@@ -40,21 +40,21 @@ def sigmoid(z):
 
 
 # version 1: three single-operation kernels; each intermediate goes to global memory
-@cuda.jit
+@cuda.jit(cache=True)
 def mul_kernel(b, c, out):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = b[i] * c[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_kernel(a, t, out):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = a[i] + t[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def sigmoid_kernel(z, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -62,7 +62,7 @@ def sigmoid_kernel(z, out):
 
 
 # version 2: one pass, intermediates stay in registers: 16 bytes an element
-@cuda.jit
+@cuda.jit(cache=True)
 def sigmoid_fma_fused(a, b, c, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -70,7 +70,7 @@ def sigmoid_fma_fused(a, b, c, out):
 
 
 # version 3: fused, grid-stride with 4 elements (12 loads) in flight per thread
-@cuda.jit
+@cuda.jit(cache=True)
 def sigmoid_fma_fused_grid_stride(a, b, c, out):
     n = out.size
     stride = cuda.gridsize(1)

@@ -57,7 +57,7 @@ def bin_of(v):
 
 
 # version 1: one global atomic per element; same-bin atomics serialise in L2
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_global_atomic(x, bins):
     i = cuda.grid(1)
     if i < x.size:
@@ -91,7 +91,7 @@ def block_histogram(x, h):
 
 
 # version 2: private shared-memory histogram, merged with NBINS global atomics per block
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_smem_atomic(x, bins):
     h = cuda.shared.array(NBINS, int32)
     block_histogram(x, h)
@@ -101,7 +101,7 @@ def histogram_smem_atomic(x, bins):
 
 
 # version 3: private histograms written as rows of `partial`; the last block sums them
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_smem_last_block(x, partial, counter, bins):
     h = cuda.shared.array(NBINS, int32)
     last = cuda.shared.array(1, int32)
@@ -127,7 +127,7 @@ def histogram_smem_last_block(x, partial, counter, bins):
 
 # version 4: UNROLL loads in flight per thread, then UNROLL shared atomics into this
 # warp's sub-histogram; n loads, n shared atomics, NBINS global atomics per block
-@cuda.jit
+@cuda.jit(cache=True)
 def histogram_smem_wide(x, bins):
     h = cuda.shared.array(WIDE_BINS, int32)
     v = cuda.local.array(UNROLL, float32)  # constant indices after unrolling: registers
@@ -157,7 +157,7 @@ def histogram_smem_wide(x, bins):
             cuda.atomic.add(bins, b, acc)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def fill_int(out, value):
     i = cuda.grid(1)
     if i < out.size:

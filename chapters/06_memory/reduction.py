@@ -50,7 +50,7 @@ def reduce_sum_cpu(x: np.ndarray) -> np.ndarray:
 
 
 # version 1: one atomic per element on one address: n serialised read-modify-writes
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_atomic(x, out):
     i = cuda.grid(1)
     if i < x.size:
@@ -59,7 +59,7 @@ def reduce_sum_atomic(x, out):
 
 # version 2: shared-memory tree, interleaved addressing: log2(BLOCK) steps, a barrier
 # each; the modulo leaves active threads scattered across warps (divergence)
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_tree_interleaved(x, partial):
     s = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -117,7 +117,7 @@ def block_reduce_max(s, v):
 
 
 # version 3: version 2 with sequential addressing (block_reduce_sum): whole warps retire
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_tree_sequential(x, partial):
     s = cuda.shared.array(BLOCK, float32)
     i = cuda.grid(1)
@@ -127,7 +127,7 @@ def reduce_sum_tree_sequential(x, partial):
 
 
 # version 4: first add during load: a block covers 2 * BLOCK elements
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_first_add(x, partial):
     s = cuda.shared.array(BLOCK, float32)
     i = cuda.blockIdx.x * (2 * BLOCK) + cuda.threadIdx.x
@@ -164,7 +164,7 @@ def thread_sum(x):
 
 # version 5: many elements per thread in registers, one tree per block, one atomic
 # per block: n loads, grid-size atomics
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_grid_stride_atomic(x, out):
     s = cuda.shared.array(BLOCK, float32)
     total = block_reduce_sum(s, thread_sum(x))
@@ -174,7 +174,7 @@ def reduce_sum_grid_stride_atomic(x, out):
 
 # version 6: like version 5, but partials are summed in block order by the last block
 # to finish: same bytes, one launch, the same bits every run
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_sum_two_pass_last_block(x, partial, counter, out):
     s = cuda.shared.array(BLOCK, float32)
     last = cuda.shared.array(1, int32)
@@ -197,7 +197,7 @@ def reduce_sum_two_pass_last_block(x, partial, counter, out):
 
 
 # max: version 5's structure; the atomic is cuda.atomic.max
-@cuda.jit
+@cuda.jit(cache=True)
 def reduce_max_grid_stride_atomic(x, out):
     s = cuda.shared.array(BLOCK, float32)
     n = x.size
@@ -216,7 +216,7 @@ def reduce_max_grid_stride_atomic(x, out):
         cuda.atomic.max(out, 0, m)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def fill(out, value):
     i = cuda.grid(1)
     if i < out.size:

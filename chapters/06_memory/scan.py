@@ -52,7 +52,7 @@ def scan_cpu(x: np.ndarray) -> np.ndarray:
 
 
 # version 1: Hillis-Steele: read the neighbour 2**k to the left, barrier, add, barrier
-@cuda.jit
+@cuda.jit(cache=True)
 def scan_hillis_steele(x, out, sums):
     s = cuda.shared.array(BLOCK, int32)
     t = cuda.threadIdx.x
@@ -73,7 +73,7 @@ def scan_hillis_steele(x, out, sums):
 
 
 # version 2: Blelloch: work-efficient exclusive scan of 2 * BLOCK elements, then + x
-@cuda.jit
+@cuda.jit(cache=True)
 def scan_blelloch(x, out, sums):
     s = cuda.shared.array(CHUNK, int32)
     t = cuda.threadIdx.x
@@ -116,7 +116,7 @@ def scan_blelloch(x, out, sums):
 
 
 # propagate: chunk b > 0 adds the inclusive scan of the chunk totals up to b - 1
-@cuda.jit
+@cuda.jit(cache=True)
 def add_chunk_offsets(out, scanned_sums, chunk):
     i = cuda.grid(1)
     if i < out.size:
@@ -182,7 +182,7 @@ def make_scan_single_pass(block: int, items: int, window: int, decoupled: bool):
         raise ValueError(f"items must be a multiple of LOADS={LOADS}, got {items}")
     tile_size = block * items
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def single_pass_scan(x, out, flags, aggregates, prefixes, ticket):
         tile_s = cuda.shared.array(tile_size, int32)
         runs = cuda.shared.array(block, int32)  # inclusive scan of the threads' run totals
@@ -291,7 +291,7 @@ scan_chained = make_scan_single_pass(BLOCK, ITEMS, 1, decoupled=False)
 scan_lookback = make_scan_single_pass(BLOCK, ITEMS, WINDOW, decoupled=True)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def reset_status(flags, ticket):
     """Zero the status flags and the ticket before a single-pass scan."""
     i = cuda.grid(1)

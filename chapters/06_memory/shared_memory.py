@@ -30,7 +30,7 @@ def shift_left_cpu(x: np.ndarray) -> np.ndarray:
 
 
 # version 1: one global read per output; neighbours' reads overlap, the cache absorbs it
-@cuda.jit
+@cuda.jit(cache=True)
 def shift_left_global(x, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -39,7 +39,7 @@ def shift_left_global(x, out):
 
 # version 2: BROKEN on purpose -- thread t reads tile[t + 1] before thread t + 1 may
 # have written it; nothing orders the two threads
-@cuda.jit
+@cuda.jit(cache=True)
 def shift_left_smem_no_barrier(x, out):
     tile = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -54,7 +54,7 @@ def shift_left_smem_no_barrier(x, out):
 
 
 # version 3: the barrier makes every write to the tile visible before any read
-@cuda.jit
+@cuda.jit(cache=True)
 def shift_left_smem(x, out):
     tile = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x

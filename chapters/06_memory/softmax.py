@@ -58,7 +58,7 @@ def softmax_cpu(x: np.ndarray) -> np.ndarray:
 
 
 # version 1: a thread a row: 3 passes, each an uncoalesced walk along one row
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_naive(x, out):
     r = cuda.grid(1)
     if r >= x.shape[0]:
@@ -96,7 +96,7 @@ def write_row(x, out, r, m, inv):
 
 
 # version 2: a block a row, three coalesced passes, shared-memory trees for max and sum
-@cuda.jit
+@cuda.jit  # not cached: calls reduction.py's device functions, whose edits numba's cache does not see
 def softmax_block_row(x, out):
     s = cuda.shared.array(BLOCK, float32)
     r = cuda.blockIdx.x
@@ -113,7 +113,7 @@ def softmax_block_row(x, out):
 
 
 # version 3: online max and sum in one pass (2 reads + 1 write of the row)
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_block_row_online(x, out):
     sm = cuda.shared.array(BLOCK, float32)
     ss = cuda.shared.array(BLOCK, float32)
@@ -185,7 +185,7 @@ def block_reduce_two_step(s, v, is_max):
 
 # version 4: the row lives in registers between the reductions: 1 read + 1 write of
 # the row (8 bytes an element), ROW_VALUES loads in flight per thread, 6 barriers a row
-@cuda.jit
+@cuda.jit(cache=True)
 def softmax_block_row_registers(x, out):
     s = cuda.shared.array(ROW_SHARED, float32)
     v = cuda.local.array(ROW_VALUES, float32)  # constant indices after unrolling: registers

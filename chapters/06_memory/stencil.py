@@ -56,7 +56,7 @@ def conv2d_cpu(img: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 # version 1 (1-D): 2R + 1 global loads an output
-@cuda.jit
+@cuda.jit(cache=True)
 def stencil_1d_naive(x, w, out):
     i = cuda.grid(1)
     if i < out.size:
@@ -69,7 +69,7 @@ def stencil_1d_naive(x, w, out):
 
 
 # version 2 (1-D): tile + halo in shared memory: one global load an input
-@cuda.jit
+@cuda.jit(cache=True)
 def stencil_1d_smem(x, w, out):
     tile = cuda.shared.array(HALO_BLOCK, float32)
     t = cuda.threadIdx.x
@@ -89,7 +89,7 @@ def stencil_1d_smem(x, w, out):
 
 
 # version 1 (2-D): (2 R2 + 1)**2 global loads an output
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_naive(img, w, out):
     x, y = cuda.grid(2)
     h = img.shape[0]
@@ -106,7 +106,7 @@ def conv2d_naive(img, w, out):
 
 
 # version 2 (2-D): a (TILE + 2 R2)^2 tile in shared memory, loaded in TILE-strided sweeps
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_smem(img, w, out):
     tile = cuda.shared.array((HALO_TILE, HALO_TILE), float32)
     tx = cuda.threadIdx.x

@@ -53,7 +53,7 @@ def transpose_cpu(a: np.ndarray) -> np.ndarray:
 
 
 # version 0: copy, same launch and same bytes as a transpose: the bar to reach
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_2d(a, out):
     x = cuda.blockIdx.x * TILE + cuda.threadIdx.x
     y0 = cuda.blockIdx.y * TILE + cuda.threadIdx.y
@@ -64,7 +64,7 @@ def copy_2d(a, out):
 
 
 # version 1: reads coalesced (x runs along a row of a), writes strided by a row of out
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_naive(a, out):
     x = cuda.blockIdx.x * TILE + cuda.threadIdx.x
     y0 = cuda.blockIdx.y * TILE + cuda.threadIdx.y
@@ -76,7 +76,7 @@ def transpose_naive(a, out):
 
 # version 2: shared-memory tile: global reads and writes both coalesced; reading a
 # tile column is a 32-way bank conflict (tile[tx, .] strides by 32 words = one bank)
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_smem(a, out):
     tile = cuda.shared.array((TILE, TILE), float32)
     tx = cuda.threadIdx.x
@@ -95,7 +95,7 @@ def transpose_smem(a, out):
 
 
 # version 3: version 2 with a padded TILE x (TILE + 1) tile: no bank conflicts
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_smem_padded(a, out):
     tile = cuda.shared.array((TILE, TILE_PADDED), float32)
     tx = cuda.threadIdx.x
@@ -116,7 +116,7 @@ def transpose_smem_padded(a, out):
 # version 0w: copy with version 4's launch; all BIG_PER_THREAD loads go to registers
 # before the first store (a store to `out` could alias `a`, so the compiler cannot
 # hoist a later load above it: version 0 has one load in flight per thread)
-@cuda.jit
+@cuda.jit(cache=True)
 def copy_2d_loads_first(a, out):
     v = cuda.local.array(BIG_PER_THREAD, float32)  # constant index after unrolling: registers
     rows = a.shape[0]
@@ -140,7 +140,7 @@ def copy_2d_loads_first(a, out):
 # version 4: version 3 with unsigned indices: same loads, stores and barrier, but no
 # compare-and-select per index for Python's negative indexing (a[-1]); the tile is
 # BIG x (BIG + 1), so a tile column still spans all 32 banks
-@cuda.jit
+@cuda.jit(cache=True)
 def transpose_smem_unsigned(a, out):
     tile = cuda.shared.array((BIG, BIG_PADDED), float32)
     rows = a.shape[0]

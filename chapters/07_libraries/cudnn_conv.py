@@ -45,7 +45,7 @@ def conv2d_reference(x, w):
 
 
 # v1: one thread one output; C*R*S FMAs and 2*C*R*S global loads each (cache helps).
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_direct(x, w, y):
     ox = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     oy = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y

@@ -40,7 +40,7 @@ def dft_by_hand(x):
 
 
 # v3: one thread an output y[i] = sum_j x[j] h[i - j]; m FMAs and 2m loads each.
-@cuda.jit
+@cuda.jit(cache=True)
 def conv1d_direct(x, h, y):
     i = cuda.grid(1)
     if i < y.size:

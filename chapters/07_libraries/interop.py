@@ -26,7 +26,7 @@ from numba import cuda
 
 
 # One thread an element: y[i] = 2 x[i]; the kernel whose launch cost we measure.
-@cuda.jit
+@cuda.jit(cache=True)
 def scale2(x, y):
     i = cuda.grid(1)
     if i < y.size:

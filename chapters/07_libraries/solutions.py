@@ -75,7 +75,7 @@ def fft_convolve_1d(x, h):
 # ---------------------------------------------------------------- Exercise 7.3
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def uniform_fill(states, out):
     i = cuda.grid(1)
     if i < out.size:

@@ -118,7 +118,7 @@ def matmul_reference(a, b):
 
 # v3: 2K loads per 2K flops; threadIdx.x -> row, so the 32 threads of a warp
 # read 32 different rows of A (32 cache lines) and write C with a stride of N.
-@cuda.jit
+@cuda.jit(cache=True)
 def matmul_naive(a, b, c):
     row = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     col = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
@@ -131,7 +131,7 @@ def matmul_naive(a, b, c):
 
 # v4: same work; threadIdx.x -> column, so a warp reads one A value (broadcast)
 # and 32 consecutive B values (one 128-byte line) per k: coalesced.
-@cuda.jit
+@cuda.jit(cache=True)
 def matmul_coalesced(a, b, c):
     col = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     row = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
@@ -147,7 +147,7 @@ def make_matmul_smem_tiled(TILE):
     memory once per block and TILE times from shared memory: 2/TILE global loads
     per FMA (arithmetic intensity TILE/4 FLOP per byte)."""
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_smem_tiled(a, b, c):
         a_tile = cuda.shared.array((TILE, TILE), float32)
         b_tile = cuda.shared.array((TILE, TILE), float32)
@@ -187,7 +187,7 @@ def make_matmul_blocktile_1d(tile):
     assert tile.tn == 1 and BM % TM == 0, "one column per thread, TM rows"
     assert BM * BK == THREADS and BK * BN == THREADS, "one A and one B load per thread"
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_blocktile_1d(a, b, c):
         a_tile = cuda.shared.array((BM, BK), float32)
         b_tile = cuda.shared.array((BK, BN), float32)
@@ -237,7 +237,7 @@ def make_matmul_blocktile_2d(tile):
     assert BM % TM == 0 and BN % TN == 0, "tile must divide the block tile"
     assert A_LOADS * THREADS == BM * BK and B_LOADS * THREADS == BK * BN, "uneven loads"
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_blocktile_2d(a, b, c):
         a_tile = cuda.shared.array((BM, BK), float32)
         b_tile = cuda.shared.array((BK, BN), float32)
@@ -309,7 +309,7 @@ def make_matmul_transposed_a(tile):
     assert TM % 4 == 0 and TN % 4 == 0, "fragments come in groups of 4"
     assert A_LOADS * THREADS == BM * BK and B_LOADS * THREADS == BK * BN, "uneven loads"
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_transposed_a(a, b, c):
         # 16-byte alignment lets the compiler turn 4 neighbouring loads into one LDS.128.
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)  # [k * AP + row]
@@ -383,7 +383,7 @@ def make_matmul_double_buffered(tile):
     # launch_bounds: at most THREADS per block and at least MIN_BLOCKS blocks per
     # SM, so the compiler keeps to 65536 / (MIN_BLOCKS * THREADS) registers
     # (128 for 256 threads and 2 blocks): occupancy chosen, not left to chance.
-    @jit(launch_bounds=(THREADS, MIN_BLOCKS))
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS))  # not cached: launch_bounds is not in the cache key
     def matmul_double_buffered(a, b, c):
         # 16-byte alignment lets the compiler turn 4 neighbouring loads into one LDS.128.
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)
@@ -496,7 +496,7 @@ def make_matmul_unguarded(tile):
     assert A_LOADS * THREADS == BM * BK and B_LOADS * THREADS == BK * BN, "uneven loads"
     assert 4 * 2 * (A_BUF + B_BUF) <= 48 * 1024, "shared memory over 48 KiB"
 
-    @jit(launch_bounds=(THREADS, MIN_BLOCKS))
+    @jit(launch_bounds=(THREADS, MIN_BLOCKS))  # not cached: launch_bounds is not in the cache key
     def matmul_unguarded(a, b, c, n, k_total):
         # a: (M * K,), b: (K * N,), c: (M * N,) flat row-major views; n = N, k_total = K.
         a_tile = cuda.shared.array(A_SIZE, float32, alignment=SMEM_ALIGN)

@@ -18,7 +18,7 @@ check_operands = import_sibling(__file__, "matmul").check_operands
 
 
 def make_tiled_kernel(TILE):
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_tiled(a, b, c):
         a_tile = cuda.shared.array((TILE, TILE), float32)
         b_tile = cuda.shared.array((TILE, TILE), float32)
@@ -66,7 +66,7 @@ def make_register_tile_kernel(BM, BN, BK, TM, TN):
     TX, TY = BN // TN, BM // TM
     THREADS = TX * TY
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def matmul_register_tile(a, b, c):
         a_tile = cuda.shared.array((BM, BK), float32)
         b_tile = cuda.shared.array((BK, BN), float32)

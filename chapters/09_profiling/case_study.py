@@ -72,7 +72,7 @@ def make_bn_backward_reduce_divisions(BLOCK):
     """Block per (channel, group of images): partial sums of dy*xhat and dy,
     each element's flat index decoded with four divisions."""
 
-    @cuda.jit
+    @cuda.jit  # not cached: calls fast_layers.tree_sum_pair, whose edits numba's cache does not see
     def bn_relu_maxpool_backward_reduce_divisions(
         dpooled, argmax, z, mean, invstd, scale, shift, images_per_block, partials
     ):
@@ -125,7 +125,7 @@ def make_bn_backward_reduce_carried(BLOCK):
     the index j of each thread advanced by BLOCK with carries instead of
     decoded with divisions. Arguments and results as version 1's."""
 
-    @cuda.jit
+    @cuda.jit  # not cached: calls fast_layers.tree_sum_pair, whose edits numba's cache does not see
     def bn_relu_maxpool_backward_reduce_carried(
         dpooled, argmax, z, mean, invstd, scale, shift, images_per_block, partials
     ):

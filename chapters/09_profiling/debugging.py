@@ -38,7 +38,7 @@ THREADS = 128
 
 # (a) print(): the one debugging tool that runs unchanged on a GPU. Every thread that
 # reaches it prints, so guard it to one thread (or one block).
-@cuda.jit
+@cuda.jit(cache=True)
 def scale_with_print(x, out, alpha):
     i = cuda.grid(1)
     if i < x.size:
@@ -49,7 +49,7 @@ def scale_with_print(x, out, alpha):
 
 # (b) breakpoint(): simulator only (a GPU kernel cannot call into Python), guarded to one
 # thread: the simulator runs one Python thread per CUDA thread.
-@cuda.jit
+@cuda.jit(cache=True)
 def scale_with_breakpoint(x, out, alpha):
     i = cuda.grid(1)
     if i < x.size:
@@ -67,7 +67,7 @@ def sqrt_elementwise(x, out):
         out[i] = math.sqrt(x[i])
 
 
-sqrt_fast = cuda.jit(sqrt_elementwise)
+sqrt_fast = cuda.jit(sqrt_elementwise)  # neither is cache=True: options are not in the cache key
 # debug=True: a kernel's exception is stored and raised on the host after the launch
 # (numba-cuda reads an error flag after every launch: slower); NVVM -g debug info for
 # cuda-gdb. opt=False: numba-cuda warns that debug with optimisation may crash.
@@ -216,7 +216,7 @@ def compiled_transposes():
     """ch06 transpose_smem_padded compiled for this GPU twice: (plain, lineinfo=True)."""
     py_func = transpose.transpose_smem_padded.py_func
     return (
-        cuda.jit(TRANSPOSE_SIG)(py_func),
+        cuda.jit(TRANSPOSE_SIG)(py_func),  # not cache=True: options are not in numba's cache key
         cuda.jit(TRANSPOSE_SIG, lineinfo=True)(py_func),
     )
 

@@ -127,7 +127,7 @@ _BLOCK_SUMS = {}
 #   racecheck: shared-memory hazards between the writes of s[t] and the reads of
 #              s[t + stride]: no barrier orders them.
 def make_block_sums_flagged(BLOCK):
-    @cuda.jit
+    @cuda.jit(cache=True)
     def block_sums_flagged(x, out):
         s = cuda.shared.array(BLOCK, float32)
         t = cuda.threadIdx.x
@@ -145,7 +145,7 @@ def make_block_sums_flagged(BLOCK):
 
 
 def make_block_sums(BLOCK):
-    @cuda.jit
+    @cuda.jit(cache=True)
     def block_sums_kernel(x, out):
         s = cuda.shared.array(BLOCK, float32)
         t = cuda.threadIdx.x

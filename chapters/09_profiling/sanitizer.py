@@ -59,7 +59,7 @@ RUN_TIMEOUT_S = 180  # one sanitizer run (instrumented launches are slower)
 
 # uninit, BROKEN on purpose: `out` is read before anything wrote it. A
 # cuda.device_array is like np.empty: whatever the memory last held.
-@cuda.jit
+@cuda.jit(cache=True)
 def accumulate_into(x, out):
     i = cuda.grid(1)
     if i < x.size:
@@ -71,7 +71,7 @@ def accumulate_into(x, out):
 # other 16 go on and read the tile. CUDA requires a cuda.syncthreads() to be reached
 # by every thread of the block or by none (CUDA C++ Programming Guide,
 # "Synchronization Functions"); threads that have returned do not count.
-@cuda.jit
+@cuda.jit  # not cached: BLOCK is chapter 06's, whose edits numba's cache does not see
 def shift_left_barrier_in_branch(x, out):
     tile = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x
@@ -88,7 +88,7 @@ def shift_left_barrier_in_branch(x, out):
 
 
 # divergent-barrier, fixed: every thread reaches the barrier.
-@cuda.jit
+@cuda.jit  # not cached: BLOCK is chapter 06's, whose edits numba's cache does not see
 def shift_left_barrier_for_all(x, out):
     tile = cuda.shared.array(BLOCK, float32)
     t = cuda.threadIdx.x

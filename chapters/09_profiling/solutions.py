@@ -161,7 +161,7 @@ _BLOCK_SUMS = {}
 
 
 def make_block_sums(BLOCK):
-    @cuda.jit
+    @cuda.jit(cache=True)
     def block_sums_kernel(x, out):
         s = cuda.shared.array(BLOCK, float32)
         t = cuda.threadIdx.x

@@ -69,7 +69,7 @@ def make_scaled_tanh_backward(np_dtype):
     dx[i] = dy[i] * a * (1 - tanh(x[i])**2)."""
     one = np_dtype(1.0)  # constants in the kernel's dtype: a float32 kernel stays float32
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def scaled_tanh_backward_kernel(dy, x, a, dx):
         i = cuda.grid(1)
         # TODO: for i inside dx (all four arrays are flat views of one size),
@@ -188,12 +188,12 @@ def make_bias_relu_kernels(np_dtype):
     """
     zero = np_dtype(0.0)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_relu_forward(x, b, y):
         c = cuda.grid(1)
         # TODO: for a column c inside x, y[r, c] = max(x[r, c] + b[c], zero) down the rows
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_relu_backward_kernel(dy, x, b, dx, db):
         c = cuda.grid(1)
         # TODO: for a column c inside x: dx down the column, and their sum into db[c]

@@ -130,7 +130,7 @@ def run_gradcheck(fn, inputs) -> bool:
 # ---------------------------------------------------------------- which stream
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _probe():  # only its type matters: the class every @cuda.jit kernel is
     pass
 

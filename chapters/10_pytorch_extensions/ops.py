@@ -109,7 +109,7 @@ def make_bias_gelu_kernels(np_dtype):
 
     # Thread per column, blocks along y stride over rows: b[c] read once, every
     # warp reads and writes 32 consecutive elements of a row.
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_gelu_forward(x, b, y):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= x.shape[1]:
@@ -120,7 +120,7 @@ def make_bias_gelu_kernels(np_dtype):
 
     # The same walk: dx = dy * GELU'(x + b), x + b recomputed (never stored
     # forward), and this block's sum of dx down its column into partials.
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_gelu_backward(dy, x, b, dx, partials):
         c = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         if c >= x.shape[1]:
@@ -134,7 +134,7 @@ def make_bias_gelu_kernels(np_dtype):
         partials[cuda.blockIdx.y, c] = acc
 
     # db[c] = the row groups' partial sums, added in a fixed order (deterministic).
-    @cuda.jit
+    @cuda.jit(cache=True)
     def column_sum(partials, db):
         c = cuda.grid(1)
         if c < db.shape[0]:
@@ -166,7 +166,7 @@ def make_cross_entropy_kernels(np_dtype, BLOCK=THREADS):
         m = max(m1, m2)
         return m, s1 * math.exp(m1 - m) + s2 * math.exp(m2 - m)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def cross_entropy_forward(logits, target, loss, lse):
         n = cuda.blockIdx.x
         t = cuda.threadIdx.x
@@ -194,7 +194,7 @@ def make_cross_entropy_kernels(np_dtype, BLOCK=THREADS):
 
     # dlogits = dloss (p - onehot) + dlse p, p = softmax(logits) = exp(logits - lse):
     # the loss's gradient and the logsumexp's, in one pass over the row.
-    @cuda.jit
+    @cuda.jit(cache=True)
     def cross_entropy_backward(dloss, dlse, logits, target, lse, dlogits):
         n = cuda.blockIdx.x
         label = target[n]

@@ -46,7 +46,7 @@ def launch_elementwise(kernel, *tensors: torch.Tensor, scalar: float | None = No
 def make_scaled_tanh_forward(np_dtype):
     """y[i] = a * tanh(x[i]), a thread an element."""
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def scaled_tanh_forward(x, a, y):
         i = cuda.grid(1)
         if i < y.size:
@@ -81,7 +81,7 @@ def make_scaled_tanh_backward(np_dtype):
     dx[i] = dy[i] * a * (1 - tanh(x[i])**2)."""
     one = np_dtype(1.0)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def scaled_tanh_backward_kernel(dy, x, a, dx):
         i = cuda.grid(1)
         if i < dx.size:
@@ -138,7 +138,7 @@ def make_row_sums(np_dtype):
     """out[r] = sum of x[r, :], a thread a row."""
     zero = np_dtype(0.0)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def row_sums_kernel(x, out):
         r = cuda.grid(1)
         if r < out.shape[0]:
@@ -197,7 +197,7 @@ def make_softsign(np_dtype):
     """y[i] = x[i] / (1 + |x[i]|), a thread an element."""
     one = np_dtype(1.0)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def softsign_kernel(x, y):
         i = cuda.grid(1)
         if i < y.size:
@@ -240,7 +240,7 @@ def softsign_fake(x):
 def make_scale_rows(np_dtype):
     """y[r, c] = s[r] * x[r, c], a thread an element of a row-major walk."""
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def scale_rows_kernel(x, s, y):
         i = cuda.grid(1)
         n = x.shape[1]
@@ -324,7 +324,7 @@ def make_bias_relu_kernels(np_dtype):
     """
     zero = np_dtype(0.0)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_relu_forward(x, b, y):
         c = cuda.grid(1)
         if c < x.shape[1]:
@@ -332,7 +332,7 @@ def make_bias_relu_kernels(np_dtype):
             for r in range(x.shape[0]):
                 y[r, c] = max(x[r, c] + bc, zero)
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def bias_relu_backward_kernel(dy, x, b, dx, db):
         c = cuda.grid(1)
         if c < x.shape[1]:
@@ -447,7 +447,7 @@ def make_brier_kernels(np_dtype):
     nan = np_dtype(np.nan)
 
     # A thread a row: the row's squared errors, weighted and added.
-    @cuda.jit
+    @cuda.jit(cache=True)
     def brier_forward(p, target, w, loss):
         n = cuda.grid(1)
         if n < loss.shape[0]:
@@ -460,7 +460,7 @@ def make_brier_kernels(np_dtype):
 
     # A thread a column: dp[n, c] = 2 w[c] e dloss[n] down the column, and
     # dw[c] = sum over n of dloss[n] e**2, with e = p[n, c] - onehot[n, c].
-    @cuda.jit
+    @cuda.jit(cache=True)
     def brier_backward(dloss, p, target, w, dp, dw):
         c = cuda.grid(1)
         if c < p.shape[1]:

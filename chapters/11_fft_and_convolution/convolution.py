@@ -288,7 +288,7 @@ def _launch_flat(kernel, total: int, *args) -> None:
 
 # v1: Ci*K*K FMAs a thread; x loads of a warp are 32 consecutive floats of a row
 # (coalesced), and every thread of a block reads the same w[co, ci, kh, kw] (broadcast).
-@cuda.jit
+@cuda.jit(cache=True)
 def conv2d_direct(x, w, out):
     ox = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
     oy = cuda.blockIdx.y * cuda.blockDim.y + cuda.threadIdx.y
@@ -328,7 +328,7 @@ def make_conv2d_smem_tile(TILE, K):
     PAD = (K - 1) // 2
     assert 4 * HALO * HALO <= MAX_STATIC_SHARED_BYTES, f"K = {K} needs {HALO}^2 floats"
 
-    @cuda.jit
+    @cuda.jit(cache=True)
     def conv2d_smem_tile(x, w, out):
         tile = cuda.shared.array((HALO, HALO), float32)
         tx = cuda.threadIdx.x
@@ -375,7 +375,7 @@ def smem_tile_kernel(k: int):
 # v3a: col[(ci, kh, kw), (n, y, x)] = x[n, ci, y + kh - pad, x + kw - pad] (0 outside).
 # Consecutive threads take consecutive pixels: coalesced writes, and reads one tap apart.
 # Writes Ci*K*K*N*H*W floats: K*K times the image, the price of an explicit GEMM.
-@cuda.jit
+@cuda.jit(cache=True)
 def im2col(x, k, col):
     t = cuda.grid(1)
     if t < col.size:
@@ -412,7 +412,7 @@ def unflatten_3d(t, a):
 
 
 # v3b: the GEMM's (Co, N*H*W) product -> NCHW (batch > 1 only): out[n, co, p] = src[co, n*HW + p].
-@cuda.jit
+@cuda.jit(cache=True)
 def nchw_from_channel_rows(src, out):
     t = cuda.grid(1)
     if t < out.size:
@@ -426,7 +426,7 @@ def nchw_from_channel_rows(src, out):
 
 
 # v5a: dst[b, i, j] = src[b, i, j] inside src, 0 in the padding (a complex64 plane).
-@cuda.jit
+@cuda.jit(cache=True)
 def pad_complex(src, dst):
     t = cuda.grid(1)
     if t < dst.size:
@@ -439,7 +439,7 @@ def pad_complex(src, dst):
 
 # v5b: yf[n, o, f] = sum_c xf[n, c, f] conj(wf[o, c, f]): a correlation is a product with
 # the conjugate spectrum (w real). Ci complex MACs per 2 Ci complex loads: memory-bound.
-@cuda.jit
+@cuda.jit(cache=True)
 def spectral_mac(xf, wf, yf):
     f = cuda.grid(1)
     o = cuda.blockIdx.y
@@ -453,7 +453,7 @@ def spectral_mac(xf, wf, yf):
 
 # v5c: out[b, i, j] = Re y[b, (i - top) mod P, (j - left) mod Q]: the circular
 # correlation holds output (i, j) at lag (i - top, j - left), negative lags wrapped.
-@cuda.jit
+@cuda.jit(cache=True)
 def crop_real(y, top, left, out):
     t = cuda.grid(1)
     if t < out.size:
@@ -468,7 +468,7 @@ def crop_real(y, top, left, out):
 
 
 # v4 helper: out[b, i, j] = src[b, i + dy, j + dx] (the even-K window of a larger output).
-@cuda.jit
+@cuda.jit(cache=True)
 def crop_window(src, dy, dx, out):
     t = cuda.grid(1)
     if t < out.size:

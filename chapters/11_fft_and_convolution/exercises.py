@@ -56,7 +56,7 @@ cplx, sin_cos_octant = solutions.cplx, solutions.sin_cos_octant
 
 
 # ---------------------------------------------------------------- 11.1 bit reversal
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def bit_reverse_kernel(x, out, bits):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -91,7 +91,7 @@ def bit_reverse_permute(x, out):
 
 
 # ---------------------------------------------------------------- 11.2 twiddle table
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants and sin_cos_octant, whose edits numba's cache does not see
 def twiddle_kernel(out, n):
     k = cuda.grid(1)
     if k < out.size:
@@ -139,7 +139,7 @@ def twiddle_table(n, out):
 
 
 # ---------------------------------------------------------------- 11.3 one radix-2 stage
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def radix2_stage_kernel(x, out, twiddles, half):
     p = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x  # this thread's butterfly
     b = cuda.blockIdx.y
@@ -185,7 +185,7 @@ def radix2_stage(x, out, stage):
 
 
 # ---------------------------------------------------------------- 11.4 Stockham in shared memory
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def fft_stockham_kernel(x, out, twiddles):
     buf = cuda.shared.array((2, MAX_SHARED_N), complex64)  # ping-pong: read one, write other
     row = cuda.blockIdx.x
@@ -239,7 +239,7 @@ def fft_stockham_shared(x, out):
 
 
 # ---------------------------------------------------------------- 11.5 channel sum per frequency
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def complex_mac_kernel(X, W, out):
     f = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     o = cuda.blockIdx.y
@@ -281,7 +281,7 @@ def complex_mac_channels(X, W, out):
 
 
 # ---------------------------------------------------------------- 11.6 FFT cross-correlation
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def pad_kernel(x, out):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -289,7 +289,7 @@ def pad_kernel(x, out):
         out[b, i] = ZERO_C  # TODO: x[b, i] as a complex64 inside x's row, 0 past its end
 
 
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def correlate_spectra_kernel(X, Wf, Z):
     f = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -297,7 +297,7 @@ def correlate_spectra_kernel(X, Wf, Z):
         Z[b, f] = ZERO_C  # TODO: conj(X[b, f] conj(Wf[0, f])), ready for a forward FFT
 
 
-@cuda.jit
+@cuda.jit  # not cached: uses solutions.py's constants, whose edits numba's cache does not see
 def crop_kernel(c, out, shift, scale):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y

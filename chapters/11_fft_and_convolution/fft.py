@@ -191,7 +191,7 @@ def pass_twiddle_table(n: int):
 
 # v1: X[k] = sum_j x[j] w[(j k) mod n]: n loads of x and of the table, n complex FMAs an
 # output; a warp reads the same x[j] (broadcast) and 32 scattered table entries (cached)
-@cuda.jit
+@cuda.jit(cache=True)
 def dft_one_thread_per_output(x, out, tw, sign, scale):
     idx = cuda.grid(1)
     n = x.shape[1]
@@ -216,7 +216,7 @@ def dft_one_thread_per_output(x, out, tw, sign, scale):
 
 # v2a: out[b, rev(j)] = x[b, j]: after it, each stage combines neighbours 2 * half apart
 # in place; reads coalesced, writes scattered over the row
-@cuda.jit
+@cuda.jit(cache=True)
 def bit_reverse_permute(x, out, log2n, sign):
     idx = cuda.grid(1)
     n = x.shape[1]
@@ -234,7 +234,7 @@ def bit_reverse_permute(x, out, log2n, sign):
 
 # v2b: one butterfly a thread, (a, c) -> (a + w c, a - w c), halves `half` apart: every
 # stage reads and writes the whole batch in global memory (log2 n round trips)
-@cuda.jit
+@cuda.jit(cache=True)
 def radix2_stage(out, tw, half, sign, scale):
     idx = cuda.grid(1)
     n = out.shape[1]
@@ -264,7 +264,7 @@ def radix2_stage(out, tw, half, sign, scale):
 # j = 2 (q - q mod p) + q mod p: the output order is natural, no bit reversal. One
 # global read and write an element; per pass 2 shared reads and writes and 2 barriers
 # (one buffer: 2 * 32 KiB would not fit), values kept in local memory in between
-@cuda.jit
+@cuda.jit(cache=True)
 def stockham_radix2_smem(x, out, tw, sign, scale):
     s = cuda.shared.array(MAX_BLOCK_N, complex64)
     held = cuda.local.array(V3_HELD, complex64)
@@ -533,7 +533,7 @@ def make_fft_stockham_radix8(
             c ^= (c >> 3) & 31
         return uint64(c)
 
-    @jit(launch_bounds=bounds)
+    @jit(launch_bounds=bounds, cache=True)
     def fft_stockham_radix8(x, out, tw, tw_out, nrows, sign_in, sign_out, scale):
         # Real and imaginary parts in separate arrays: a warp reading 32 consecutive
         # values reads 32 consecutive 4-byte words, one per bank (complex64 would be

@@ -126,7 +126,7 @@ def sin_cos_octant(a):
 
 
 # ---------------------------------------------------------------- 11.1 bit reversal
-@cuda.jit
+@cuda.jit(cache=True)
 def bit_reverse_kernel(x, out, bits):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -150,7 +150,7 @@ def bit_reverse_permute(x, out):
 
 
 # ---------------------------------------------------------------- 11.2 twiddle table
-@cuda.jit
+@cuda.jit(cache=True)
 def twiddle_kernel(out, n):
     k = cuda.grid(1)
     if k < out.size:
@@ -188,7 +188,7 @@ def twiddle_table(n, out):
 
 
 # ---------------------------------------------------------------- 11.3 one radix-2 stage
-@cuda.jit
+@cuda.jit(cache=True)
 def radix2_stage_kernel(x, out, twiddles, half):
     p = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x  # this thread's butterfly
     b = cuda.blockIdx.y
@@ -219,7 +219,7 @@ def radix2_stage(x, out, stage):
 
 
 # ---------------------------------------------------------------- 11.4 Stockham in shared memory
-@cuda.jit
+@cuda.jit(cache=True)
 def fft_stockham_kernel(x, out, twiddles):
     buf = cuda.shared.array((2, MAX_SHARED_N), complex64)  # ping-pong: read one, write other
     row = cuda.blockIdx.x
@@ -257,7 +257,7 @@ def fft_stockham_shared(x, out):
 
 
 # ---------------------------------------------------------------- 11.5 channel sum per frequency
-@cuda.jit
+@cuda.jit(cache=True)
 def complex_mac_kernel(X, W, out):
     f = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     o = cuda.blockIdx.y
@@ -286,7 +286,7 @@ def complex_mac_channels(X, W, out):
 
 
 # ---------------------------------------------------------------- 11.6 FFT cross-correlation
-@cuda.jit
+@cuda.jit(cache=True)
 def pad_kernel(x, out):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -297,7 +297,7 @@ def pad_kernel(x, out):
             out[b, i] = ZERO_C
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def correlate_spectra_kernel(X, Wf, Z):
     f = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y
@@ -307,7 +307,7 @@ def correlate_spectra_kernel(X, Wf, Z):
         Z[b, f] = X[b, f].conjugate() * Wf[0, f]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def crop_kernel(c, out, shift, scale):
     i = cuda.blockIdx.x * BLOCK + cuda.threadIdx.x
     b = cuda.blockIdx.y

@@ -95,7 +95,7 @@ def layernorm_tolerances(x, w, b, dy, ref) -> tuple[float, ...]:
 
 
 # numba forward: a block a row; 2 trees (mean, variance), 2 reads + 1 write of the row
-@cuda.jit
+@cuda.jit  # not cached: calls chapter 06's block_reduce_sum, whose edits numba's cache does not see
 def layernorm_forward_block_row(x, w, b, eps, y, mean, rstd):
     s = cuda.shared.array(LN_BLOCK, float32)
     r = cuda.blockIdx.x
@@ -119,7 +119,7 @@ def layernorm_forward_block_row(x, w, b, eps, y, mean, rstd):
 
 
 # numba backward dx: a block a row; 2 trees (mean(xhat g), mean(g)), reads x, dy twice
-@cuda.jit
+@cuda.jit  # not cached: calls chapter 06's block_reduce_sum, whose edits numba's cache does not see
 def layernorm_backward_dx_block_row(dy, x, w, mean, rstd, dx):
     s = cuda.shared.array(LN_BLOCK, float32)
     r = cuda.blockIdx.x
@@ -142,7 +142,7 @@ def layernorm_backward_dx_block_row(dy, x, w, mean, rstd, dx):
 
 
 # numba backward dw, db: thread a column (coalesced), GROUP_ROWS rows, 2 atomics
-@cuda.jit
+@cuda.jit(cache=True)
 def layernorm_backward_weight_bias_atomic(dy, x, mean, rstd, dw, db):
     j = cuda.grid(1)
     if j >= x.shape[1]:
@@ -158,7 +158,7 @@ def layernorm_backward_weight_bias_atomic(dy, x, mean, rstd, dw, db):
     cuda.atomic.add(db, j, ab)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def zero_fill(a):
     i = cuda.grid(1)
     if i < a.size:

@@ -54,7 +54,7 @@ PERIOD = 251  # a prime: a chunk off by any power-of-two stride reads other valu
 STEP = np.float32(1 / 256)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def fill_pattern(buf, rank, offset):
     # buf[i] = rank + 1 + ((offset + i) % 251) / 256: exact in float32, and a sum
     # of a few ranks' values is too

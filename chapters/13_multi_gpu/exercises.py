@@ -87,7 +87,7 @@ def ring_schedule(rank: int, world: int) -> list[tuple[str, int, int]]:
 
 
 # ---------------------------------------------------------------- 13.4
-@cuda.jit
+@cuda.jit(cache=True)
 def accumulate(dst, src):
     i = cuda.grid(1)
     pass  # TODO: inside dst, dst[i] += src[i]
@@ -131,7 +131,7 @@ def ring_all_reduce_in_process(buffers, schedule=None) -> None:
 
 
 # ---------------------------------------------------------------- 13.5
-@cuda.jit
+@cuda.jit(cache=True)
 def sgd_folded(params, grad_sum, step):
     i = cuda.grid(1)
     pass  # TODO: inside params, params[i] -= step * grad_sum[i]

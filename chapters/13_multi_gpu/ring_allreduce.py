@@ -45,7 +45,7 @@ SIZES = [1 << k for k in range(12, 31, 2)]  # bytes: 4 KiB ... 1 GiB
 SIMULATOR_SIZES = [1 << 10, 1000 * 4]  # bytes: one chunk size that N divides, one it may not
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def add_into(dst, src):
     # the reduce of a reduce-scatter step: reads 2 floats, writes 1 an element
     i = cuda.grid(1)

@@ -58,7 +58,7 @@ def collective_bandwidth(collective: str, nbytes: int, seconds: float, world: in
 
 
 # ---------------------------------------------------------------- 13.4
-@cuda.jit
+@cuda.jit(cache=True)
 def accumulate(dst, src):
     i = cuda.grid(1)
     if i < dst.size:
@@ -112,7 +112,7 @@ def ring_all_reduce_in_process(buffers, schedule=None) -> None:
 
 
 # ---------------------------------------------------------------- 13.5
-@cuda.jit
+@cuda.jit(cache=True)
 def sgd_folded(params, grad_sum, step):
     i = cuda.grid(1)
     if i < params.size:
