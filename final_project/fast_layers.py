@@ -11,10 +11,14 @@ per op. Each kernel here names the idea it adds over its naive twin:
     bn_eval_scale_shift         thread per channel: scale/shift from the running statistics
     bn_relu_maxpool_forward     thread per pooled output: BN apply + ReLU + 2x2 max-pool in
                                 one pass (reads the conv output once, writes a quarter of
-                                it); keeps the window position of the max as int8
+                                it); keeps the window position of the max as int8 and, in
+                                training, the winner's conv output (zwin)
     bn_relu_maxpool_backward_reduce  block per (channel, images): pool scatter + ReLU mask
                                 + xhat recomputed from the conv output, summed into
-                                per-block partials of dgamma and dbeta (no xhat is stored)
+                                per-block partials of dgamma and dbeta (no xhat is stored);
+                                the capstone's step streams dpooled and zwin instead
+                                (bn_relu_maxpool_backward_reduce_winners): two coalesced
+                                reads of pooled size, no gather through the argmax
     bn_backward_finalize        block per channel: partials -> dgamma, dbeta
     bn_relu_maxpool_backward_dx thread per conv output: the same scatter and mask, then
                                 the closed-form batchnorm input gradient, in one pass
@@ -273,22 +277,56 @@ def bn_relu_maxpool_forward_kernel(z, scale, shift, pooled, argmax):
     argmax[n, c, ph, pw] = best_k
 
 
+# The training step's forward: the same pass, and the winner's conv output kept
+# (zwin, pooled-sized), so the backward reduction reads two pooled-size arrays in
+# order instead of gathering z through the argmax (a scattered read of the
+# conv-sized z).
+@cuda.jit(cache=True)
+def bn_relu_maxpool_forward_train_kernel(z, scale, shift, pooled, argmax, zwin):
+    n, c, ph, pw = _this_window(pooled)
+    if c < 0:
+        return
+    sc = scale[c]
+    sh = shift[c]
+    zero = float32(0.0)
+    z_best = z[n, c, 2 * ph, 2 * pw]
+    best = max(z_best * sc + sh, zero)
+    best_k = 0
+    for k in range(1, 4):
+        zk = z[n, c, 2 * ph + k // 2, 2 * pw + k % 2]
+        v = max(zk * sc + sh, zero)
+        if v > best:
+            best = v
+            best_k = k
+            z_best = zk
+    pooled[n, c, ph, pw] = best
+    argmax[n, c, ph, pw] = best_k
+    zwin[n, c, ph, pw] = z_best
+
+
 def _window_grid(pooled_shape) -> tuple[tuple[int, int], int]:
     """Grid of the window kernels: (windows of one image / THREADS, N) blocks."""
     n, c, h_out, w_out = pooled_shape
     return (ceil_div(c * h_out * w_out, THREADS), n), THREADS
 
 
-def bn_relu_maxpool_forward(z, scale, shift, pooled, argmax, stream=0) -> None:
+def bn_relu_maxpool_forward(z, scale, shift, pooled, argmax, stream=0, zwin=None) -> None:
     """pooled (N, C, H/2, W/2) = maxpool2x2(relu(z * scale[c] + shift[c])).
 
     z (N, C, H, W) float32 (the convolution's output), scale/shift (C,)
     float32 from :func:`bn_stats_finalize` or :func:`bn_eval_scale_shift`;
     argmax (N, C, H/2, W/2) int8 = the window position 0..3 (row-major) of the
-    first maximum. H and W must be even.
+    first maximum. zwin: None, or (N, C, H/2, W/2) float32 that receives z at
+    that position (for :func:`bn_relu_maxpool_backward_reduce_winners`). H and
+    W must be even.
     """
     grid, block = _window_grid(pooled.shape)
-    bn_relu_maxpool_forward_kernel[grid, block, stream](z, scale, shift, pooled, argmax)
+    if zwin is None:
+        bn_relu_maxpool_forward_kernel[grid, block, stream](z, scale, shift, pooled, argmax)
+    else:
+        bn_relu_maxpool_forward_train_kernel[grid, block, stream](
+            z, scale, shift, pooled, argmax, zwin
+        )
 
 
 @cuda.jit(device=True, inline=True)
@@ -411,6 +449,119 @@ def bn_relu_maxpool_backward_reduce(
     per = bn_backward_images_per_block(n, h_out, w_out)
     bn_relu_maxpool_backward_reduce_kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
         dpooled, argmax, z, mean, invstd, scale, shift, per, partials
+    )
+
+
+def make_bn_backward_reduce_winners(BLOCK):
+    """Block per (channel, group of images): partial sums of dy*xhat and dy, read
+    from the pooled gradient and the window winners' conv outputs (zwin, kept by
+    the training forward) instead of gathering z through the argmax.
+
+    Both inputs are (N, C, Hp, Wp) and a channel's plane of an image is
+    contiguous: each thread walks the group's values j = t, t + BLOCK, ... as
+    (image, offset in the plane), stepped with a carry, loading two values of
+    each array before using them (no load waits on another). The sums are added
+    in the order j takes.
+    """
+
+    @cuda.jit(cache=True)
+    def bn_relu_maxpool_backward_reduce_winners(
+        g_flat,
+        z_flat,
+        batch,
+        channels,
+        plane,
+        mean,
+        invstd,
+        scale,
+        shift,
+        images_per_block,
+        partials,
+    ):
+        # g_flat, z_flat: dpooled and zwin (N, C, Hp, Wp) flattened; plane = Hp * Wp
+        c = cuda.blockIdx.x
+        p = cuda.blockIdx.y
+        t = int32(cuda.threadIdx.x)
+        batch = int32(batch)
+        channels = int32(channels)
+        plane = int32(plane)
+        n0 = int32(p) * int32(images_per_block)
+        n1 = min(batch, n0 + int32(images_per_block))
+        total = (n1 - n0) * plane
+        mu = mean[c]
+        inv = invstd[c]
+        sc = scale[c]
+        sh = shift[c]
+        dn = int32(BLOCK) // plane  # BLOCK = dn planes + dq values: every thread's step
+        dq = int32(BLOCK) - dn * plane
+        n = n0 + t // plane
+        q = t - (t // plane) * plane
+        zero = float32(0.0)
+        a = zero
+        b = zero
+        j = t
+        while j < total:
+            second = j + int32(BLOCK) < total
+            n2 = n + dn
+            q2 = q + dq
+            if q2 >= plane:
+                q2 -= plane
+                n2 += 1
+            i1 = uint64((n * channels + c) * plane + q)
+            i2 = uint64((n2 * channels + c) * plane + q2) if second else i1
+            g1 = g_flat[i1]
+            z1 = z_flat[i1]
+            g2 = g_flat[i2]
+            z2 = z_flat[i2]
+            if z1 * sc + sh > zero:
+                a += g1 * (z1 - mu) * inv
+                b += g1
+            if second and z2 * sc + sh > zero:
+                a += g2 * (z2 - mu) * inv
+                b += g2
+            n = n2 + dn
+            q = q2 + dq
+            if q >= plane:
+                q -= plane
+                n += 1
+            j += int32(2 * BLOCK)
+        s0 = cuda.shared.array(BLOCK, float64)
+        s1 = cuda.shared.array(BLOCK, float64)
+        s0[t] = a
+        s1[t] = b
+        cuda.syncthreads()
+        tree_sum_pair(s0, s1, t, BLOCK)
+        if t == 0:
+            partials[p, 0, c] = s0[0]
+            partials[p, 1, c] = s1[0]
+
+    return bn_relu_maxpool_backward_reduce_winners
+
+
+bn_relu_maxpool_backward_reduce_winners_kernel = make_bn_backward_reduce_winners(BN_REDUCE_BLOCK)
+
+
+def bn_relu_maxpool_backward_reduce_winners(
+    dpooled, zwin, mean, invstd, scale, shift, partials, stream=0
+) -> None:
+    """As :func:`bn_relu_maxpool_backward_reduce`, from zwin (N, C, H/2, W/2)
+    float32 (the winners' conv outputs, written by :func:`bn_relu_maxpool_forward`
+    with ``zwin``) instead of argmax and z. partials (P, 2, C) float64, P =
+    :func:`bn_backward_partial_rows`; every row is written."""
+    n, c, h_out, w_out = dpooled.shape
+    per = bn_backward_images_per_block(n, h_out, w_out)
+    bn_relu_maxpool_backward_reduce_winners_kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
+        dpooled.reshape(dpooled.size),
+        zwin.reshape(zwin.size),
+        n,
+        c,
+        h_out * w_out,
+        mean,
+        invstd,
+        scale,
+        shift,
+        per,
+        partials,
     )
 
 

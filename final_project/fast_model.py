@@ -5,7 +5,8 @@ Same network, parameters, state dicts and checks as :class:`final_project.model.
 step runs:
 
     forward   conv1 (direct, BN partial sums in the epilogue) -> BN1 statistics
-              -> BN1 apply + ReLU + max-pool (fused) -> conv2 (implicit GEMM, BN
+              -> BN1 apply + ReLU + max-pool (fused; the window winners' conv
+              outputs kept for the backward) -> conv2 (implicit GEMM, BN
               partials in the epilogue) -> BN2 statistics -> BN2 + ReLU + pool
               -> fc1 (split-K GEMM, bias + ReLU when reducing) -> fc2 + log-softmax
               + NLL + dlogits + fc1's masked output gradient (one kernel) -> mean loss
@@ -197,8 +198,11 @@ class FastCNN(CNNBase, _Layer):
                 setattr(self, f"{name}_{stat}", dev(ch, f32))
         self.pooled1 = dev((m, c.c1, h2, w2), f32)
         self.argmax1 = dev((m, c.c1, h2, w2), np.int8)
+        # the window winners' conv outputs: the backward reductions read them in order
+        self.zwin1 = dev((m, c.c1, h2, w2), f32)
         self.pooled2 = dev((m, c.c2, h4, w4), f32)
         self.argmax2 = dev((m, c.c2, h4, w4), np.int8)
+        self.zwin2 = dev((m, c.c2, h4, w4), f32)
         feat = c.flat_features
         # fc1's split-K partials; the evaluation forward reuses them for fc2.
         self.fc1_partials = dev(
@@ -294,6 +298,7 @@ class FastCNN(CNNBase, _Layer):
             self._rows("pooled1", n),
             self._rows("argmax1", n),
             s,
+            zwin=self._rows("zwin1", n),
         )
         mark(Stage.BN1_RELU_POOL1)
         rows2 = fconv.conv2d_forward_igemm_partial_rows(n, h // 2, w // 2)
@@ -311,7 +316,13 @@ class FastCNN(CNNBase, _Layer):
         mark(Stage.BN2_STATISTICS)
         pooled2 = self._rows("pooled2", n)
         fl.bn_relu_maxpool_forward(
-            z2, self.bn2_scale, self.bn2_shift, pooled2, self._rows("argmax2", n), s
+            z2,
+            self.bn2_scale,
+            self.bn2_shift,
+            pooled2,
+            self._rows("argmax2", n),
+            s,
+            zwin=self._rows("zwin2", n),
         )
         mark(Stage.BN2_RELU_POOL2)
         flat = pooled2.reshape((n, c.flat_features))
@@ -439,7 +450,8 @@ class FastCNN(CNNBase, _Layer):
         stats = [getattr(self, f"{name}_{k}") for k in ("mean", "invstd", "scale", "shift")]
         _, _, ph, pw = d_pooled.shape
         partials = partials_buf[: fl.bn_backward_partial_rows(n, ph, pw)]
-        fl.bn_relu_maxpool_backward_reduce(d_pooled, argmax, z, *stats, partials, s)
+        zwin = self._rows(f"zwin{name[-1]}", d_pooled.shape[0])
+        fl.bn_relu_maxpool_backward_reduce_winners(d_pooled, zwin, *stats, partials, s)
         fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
         mark(stages[0])
         fl.bn_relu_maxpool_backward_dx(

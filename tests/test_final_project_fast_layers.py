@@ -190,13 +190,23 @@ def check_bn_relu_maxpool(
     z,
     zero_beta=(),
     forward=fl.bn_relu_maxpool_forward,
-    reduce=fl.bn_relu_maxpool_backward_reduce,
+    reduce=None,
     backward_dx=fl.bn_relu_maxpool_backward_dx,
+    winners=False,
 ):
     """maxpool(relu(batchnorm(z))) forward (values and the argmax code) and
     backward (dgamma, dbeta, dz) against torch; ``zero_beta``: channels whose
     beta is 0 (with a channel mean of exactly 0, a z of 0 is then exactly 0
-    before the ReLU)."""
+    before the ReLU). ``winners``: the training step's path, the forward also
+    keeping the winners' z (checked exactly) and the reduction reading it
+    (default reduce: bn_relu_maxpool_backward_reduce_winners, else the gather
+    through the argmax, bn_relu_maxpool_backward_reduce)."""
+    if reduce is None:
+        reduce = (
+            fl.bn_relu_maxpool_backward_reduce_winners
+            if winners
+            else fl.bn_relu_maxpool_backward_reduce
+        )
     n, c, h, w = z.shape
     gamma, beta, rm, rv, dev, st = _bn_forward_stats(rng, z, zero_beta=zero_beta)
     tz, tg, tb, pooled_ref, idx = _bn_block_reference(z, gamma, beta, rng)
@@ -204,7 +214,12 @@ def check_bn_relu_maxpool(
     ph, pw = h // 2, w // 2
     pooled = guarded((n, c, ph, pw), np.float32)
     argmax = guarded((n, c, ph, pw), np.int8)
-    forward(z_, st["scale"], st["shift"], pooled.array, argmax.array)
+    if winners:
+        zwin = guarded((n, c, ph, pw), np.float32)
+        forward(z_, st["scale"], st["shift"], pooled.array, argmax.array, zwin=zwin.array)
+        zwin.check_untouched("zwin")
+    else:
+        forward(z_, st["scale"], st["shift"], pooled.array, argmax.array)
     pooled.check_untouched("pooled")
     argmax.check_untouched("argmax")
     # z * scale + shift cancels where a channel's values are nearly equal (its
@@ -224,6 +239,11 @@ def check_bn_relu_maxpool(
     )
     ref_code = (idx // w % 2) * 2 + idx % w % 2  # torch's flat plane index -> window position
     check(argmax.array, ref_code.numpy().astype(np.int8), name="argmax (first maximum wins)")
+    if winners:
+        # z at each window's winner, a copy: exact
+        windows = z.reshape(n, c, ph, 2, pw, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, ph, pw, 4)
+        code = argmax.array.copy_to_host().astype(np.int64)[..., None]
+        check(zwin.array, np.take_along_axis(windows, code, axis=-1)[..., 0], name="zwin")
 
     dpooled = random_array((n, c, ph, pw), np.float32, rng)
     pooled_ref.backward(_t(dpooled))
@@ -231,7 +251,10 @@ def check_bn_relu_maxpool(
     stats = [st[k] for k in ("mean", "invstd", "scale", "shift")]
     rows = fl.bn_backward_partial_rows(n, ph, pw)
     partials = guarded((rows, 2, c), np.float64)
-    reduce(dp_, argmax.array, z_, *stats, partials.array)
+    if winners:
+        reduce(dp_, zwin.array, *stats, partials.array)
+    else:
+        reduce(dp_, argmax.array, z_, *stats, partials.array)
     partials.check_untouched("partials")
     dgamma, dbeta = guarded(c, np.float32), guarded(c, np.float32)
     fl.bn_backward_finalize(partials.array, dgamma.array, dbeta.array)
@@ -243,13 +266,14 @@ def check_bn_relu_maxpool(
     check(dz.array, tz.grad, TOL, "dz")
 
 
+@pytest.mark.parametrize("winners", [False, True], ids=["gather", "winners"])
 @pytest.mark.parametrize("n, c, h, w", [(2, 3, 4, 6), (1, 2, 2, 2), (3, 5, 8, 4)])
-def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w):
+def test_bn_relu_maxpool_forward_and_backward(rng, n, c, h, w, winners):
     z = _conv_like(rng, n, c, h, w)
     # Ties: a window of equal values (the first must win, as in torch); and
     # windows all below the ReLU threshold (four tied zeros after it).
     z[0, 0, 0:2, 0:2] = z[0, 0, 0, 0]
-    check_bn_relu_maxpool(rng, z)
+    check_bn_relu_maxpool(rng, z, winners=winners)
 
 
 def tail_group_shape(c=2):
@@ -264,16 +288,25 @@ def tail_group_shape(c=2):
     return n, c, h, w
 
 
-def test_bn_relu_maxpool_batch_not_a_multiple_of_the_image_group(rng):
-    check_bn_relu_maxpool(rng, _conv_like(rng, *tail_group_shape()))
+@pytest.mark.parametrize("winners", [False, True], ids=["gather", "winners"])
+def test_bn_relu_maxpool_batch_not_a_multiple_of_the_image_group(rng, winners):
+    check_bn_relu_maxpool(rng, _conv_like(rng, *tail_group_shape()), winners=winners)
 
 
-def test_tail_group_check_catches_dropped_last_block(rng):
+@pytest.mark.parametrize("winners", [False, True], ids=["gather", "winners"])
+def test_tail_group_check_catches_dropped_last_block(rng, winners):
     """A launch of the backward reduce that rounds the block count down
     (N // images per block): the last, short group is never summed."""
-    broken = mutant(fl.bn_relu_maxpool_backward_reduce, ("ceil_div(n, per)", "n // per"))
+    launcher = (
+        fl.bn_relu_maxpool_backward_reduce_winners
+        if winners
+        else fl.bn_relu_maxpool_backward_reduce
+    )
+    broken = mutant(launcher, ("ceil_div(n, per)", "n // per"))
     with pytest.raises(CheckError, match="dgamma"):
-        check_bn_relu_maxpool(rng, _conv_like(rng, *tail_group_shape()), reduce=broken)
+        check_bn_relu_maxpool(
+            rng, _conv_like(rng, *tail_group_shape()), reduce=broken, winners=winners
+        )
 
 
 def _zero_preactivation_input(rng, n=2, c=2, h=4, w=6):
@@ -292,8 +325,9 @@ def _zero_preactivation_input(rng, n=2, c=2, h=4, w=6):
     return z
 
 
-def test_bn_relu_at_exactly_zero(rng):
-    check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,))
+@pytest.mark.parametrize("winners", [False, True], ids=["gather", "winners"])
+def test_bn_relu_at_exactly_zero(rng, winners):
+    check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,), winners=winners)
 
 
 def test_bn_relu_maxpool_check_catches_last_maximum(rng):
@@ -325,6 +359,50 @@ def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
 
     with pytest.raises(CheckError, match="dgamma|dbeta"):
         check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,), reduce=broken)
+
+
+def test_relu_zero_check_catches_open_mask_in_the_winners_reduce(rng):
+    kernel = mutant(
+        fl.make_bn_backward_reduce_winners,
+        ("if z1 * sc + sh > zero:", "if z1 * sc + sh >= zero:"),
+        ("if second and z2 * sc + sh > zero:", "if second and z2 * sc + sh >= zero:"),
+    )(fl.BN_REDUCE_BLOCK)
+
+    def broken(dpooled, zwin, mean, invstd, scale, shift, partials):
+        n, c, h_out, w_out = dpooled.shape
+        per = fl.bn_backward_images_per_block(n, h_out, w_out)
+        kernel[(c, ceil_div(n, per)), fl.BN_REDUCE_BLOCK](
+            dpooled.reshape(dpooled.size),
+            zwin.reshape(zwin.size),
+            n,
+            c,
+            h_out * w_out,
+            mean,
+            invstd,
+            scale,
+            shift,
+            per,
+            partials,
+        )
+
+    with pytest.raises(CheckError, match="dgamma|dbeta"):
+        check_bn_relu_maxpool(
+            rng, _zero_preactivation_input(rng), zero_beta=(0,), reduce=broken, winners=True
+        )
+
+
+def test_winners_check_catches_a_stale_winner(rng):
+    """A training forward that does not take the winner's z along when a later
+    window position wins (zwin keeps the first position's z) is caught by the
+    exact zwin check."""
+    kernel = mutant(fl.bn_relu_maxpool_forward_train_kernel, ("            z_best = zk\n", ""))
+
+    def broken(z, scale, shift, pooled, argmax, zwin):
+        grid, block = fl._window_grid(pooled.shape)
+        kernel[grid, block](z, scale, shift, pooled, argmax, zwin)
+
+    with pytest.raises(CheckError, match="zwin"):
+        check_bn_relu_maxpool(rng, _conv_like(rng, 2, 2, 4, 4), forward=broken, winners=True)
 
 
 def test_relu_zero_check_catches_open_mask_in_backward_dx(rng):

@@ -90,8 +90,8 @@ def test_train_step_check_catches_dropped_last_bn_block(rng, monkeypatch):
     """The batchnorm backward reduce launched with N // images-per-block blocks:
     the last, short group of images never enters dgamma and dbeta."""
     _assert_short_last_bn1_block(TAIL, TAIL_BATCH)
-    broken = mutant(fl.bn_relu_maxpool_backward_reduce, ("ceil_div(n, per)", "n // per"))
-    monkeypatch.setattr(fl, "bn_relu_maxpool_backward_reduce", broken)
+    broken = mutant(fl.bn_relu_maxpool_backward_reduce_winners, ("ceil_div(n, per)", "n // per"))
+    monkeypatch.setattr(fl, "bn_relu_maxpool_backward_reduce_winners", broken)
     model = FastCNN(TAIL, max_batch=TAIL_BATCH, seed=int(rng.integers(1000)))
     _poison_bn_partials(model)
     x, y = judgeable_batch(model.state_dict(), TAIL, TAIL_BATCH, rng)
