@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,15 @@ class FakeDispatcher:
         FakeDispatcher.launches.append(self.name)
 
 
+class FakeIndexFile:
+    """Stands in for numba's IndexDataCacheFile: compile_only locks its saves."""
+
+    def real_save(self, key, data):
+        pass
+
+    save = real_save
+
+
 def _launch_sequence():
     FakeDispatcher._functions = {}
     a, b, c = FakeDispatcher("a"), FakeDispatcher("b"), FakeDispatcher("c")
@@ -215,34 +225,84 @@ def _types(args):
     return (type(args[0]).__name__,)
 
 
+@pytest.mark.parametrize("by", ["kernel", "function"])
 @pytest.mark.parametrize("shards", [1, 2, 3, 4, 7])
-def test_compile_only_shares_every_kernel_once_and_launches_none(shards):
-    from common.kernel_cache import compile_only
+def test_compile_only_shares_every_kernel_once_and_launches_none(shards, by, monkeypatch):
+    import common.kernel_cache as kc
 
+    if by == "function":  # a platform without fcntl (Windows): no lock, share by function
+        monkeypatch.setattr(kc, "fcntl", None)
     launches = _launch_sequence()
     real_call = FakeDispatcher.call
     FakeDispatcher.compiles, FakeDispatcher.launches = [], []
     shares = []
     for shard in range(shards):
         before = len(FakeDispatcher.compiles)
-        with compile_only(shard, shards, FakeDispatcher) as plan:
+        with kc.compile_only(shard, shards, FakeDispatcher, FakeIndexFile) as plan:
+            assert plan.by == by
+            assert FakeIndexFile.save is not FakeIndexFile.real_save or by == "function"
             for d, args in launches:
                 d.call(args, None)
         shares.append(FakeDispatcher.compiles[before:])
         assert [(n, t) for n, t, _ in plan.compiled] == shares[-1]
     assert FakeDispatcher.call is real_call  # the launch path is given back
+    assert FakeIndexFile.save is FakeIndexFile.real_save  # and the cache's save
     assert FakeDispatcher.launches == []  # nothing ran
     every = [x for share in shares for x in share]
     assert sorted(every) == sorted({(d.name, _types(a)) for d, a in launches})
     assert len(every) == len(set(every)) == 9  # each pair compiled by exactly one shard
-    function_of = {d.name: d.function for d, _ in launches}
-    owners = {}  # source function -> the shards that compiled a version of it
-    for shard, share in enumerate(shares):
-        for name, _ in share:
-            owners.setdefault(function_of[name], set()).add(shard)
-    assert all(len(o) == 1 for o in owners.values()), owners  # one process a function
-    per_shard = [sum(1 for o in owners.values() if shard in o) for shard in range(shards)]
-    assert max(per_shard) - min(per_shard) <= 1  # functions evenly shared
+    if by == "kernel":
+        per_shard = [len(share) for share in shares]
+    else:
+        function_of = {d.name: d.function for d, _ in launches}
+        owners = {}  # source function -> the shards that compiled a version of it
+        for shard, share in enumerate(shares):
+            for name, _ in share:
+                owners.setdefault(function_of[name], set()).add(shard)
+        assert all(len(o) == 1 for o in owners.values()), owners  # one process a function
+        per_shard = [sum(1 for o in owners.values() if shard in o) for shard in range(shards)]
+    assert max(per_shard) - min(per_shard) <= 1  # kernels (functions) evenly shared
+
+
+_SAVER = """
+import os, sys, time
+from common.kernel_cache import locked_cache_saves
+from numba.cuda.core.caching import IndexDataCacheFile
+index = IndexDataCacheFile(sys.argv[1], "kernel-1.py311", "stamp")
+open(os.path.join(sys.argv[1], sys.argv[2] + ".ready"), "w").close()
+while not os.path.exists(os.path.join(sys.argv[1], "go")):  # start together
+    time.sleep(0.001)
+with locked_cache_saves():
+    for i in range(int(sys.argv[3])):
+        index.save((sys.argv[2], i), (sys.argv[2], i))
+"""
+
+
+def test_locked_saves_keep_every_entry_of_processes_saving_at_once(tmp_path):
+    """Numba's index is read, added to and written whole by each save: without the
+    lock, processes saving versions of one function at once lose entries or give two
+    keys one data file. Under locked_cache_saves every key names its own data."""
+    from numba.cuda.core.caching import IndexDataCacheFile
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SAVER, str(tmp_path), f"p{k}", "100"],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        for k in range(2)
+    ]
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("*.ready"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    assert [p.wait(timeout=120) for p in procs] == [0] * 2
+    index = IndexDataCacheFile(str(tmp_path), "kernel-1.py311", "stamp")
+    overloads = index._load_index()
+    keys = {(f"p{k}", i) for k in range(2) for i in range(100)}
+    assert set(overloads) == keys
+    assert len(set(overloads.values())) == len(keys)  # a data file a key
+    assert all(index.load(key) == key for key in keys)  # holding that key's data
 
 
 def test_compile_only_gives_back_the_launch_path_after_an_error():
