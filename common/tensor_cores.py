@@ -91,7 +91,8 @@ def round_bf16_bits(x: Any) -> np.ndarray:
 def round_f16_bits(x: Any) -> np.ndarray:
     """float32 -> IEEE FP16 bits (uint16), to nearest, ties to even, overflow to
     infinity, as ``cvt.rn.f16x2.f32``. Source: PTX ISA, "cvt" (.rn, .f16x2)."""
-    return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
+    with np.errstate(over="ignore"):  # overflow to infinity is the documented result
+        return np.asarray(x, np.float32).astype(np.float16).view(np.uint16)
 
 
 def tf32_value(bits: Any) -> np.ndarray:

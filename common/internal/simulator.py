@@ -429,18 +429,19 @@ def _code_names(code: Any) -> set[str]:
     return names
 
 
-def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
+def _uses_barrier(fn: Any, seen: set[int] | None = None, collective_only: bool = False) -> bool:
     """True if ``fn`` (a kernel's Python function) or any function it can call may
-    reach a barrier; True too whenever that cannot be told from the code."""
+    reach a barrier; True too whenever that cannot be told from the code.
+    ``collective_only``: warp-collective calls count, block barriers do not."""
     seen = set() if seen is None else seen
     if id(fn) in seen:
         return False
     seen.add(id(fn))
     code = getattr(fn, "__code__", None)
     if code is None:
-        return True
+        return not collective_only
     names = _code_names(code)
-    if names & _BARRIER_NAMES:
+    if names & _BARRIER_NAMES and not collective_only:
         return True
     candidates = [fn.__globals__[n] for n in names if n in fn.__globals__]
     candidates += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
@@ -458,9 +459,22 @@ def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
             inner = getattr(target, "py_func", None) or getattr(target, "fn", None)
             if inner is not None and getattr(inner, "__code__", None) is not None:
                 target = inner
-            if isinstance(target, types.FunctionType) and _uses_barrier(target, seen):
+            if isinstance(target, types.FunctionType) and _uses_barrier(
+                target, seen, collective_only
+            ):
                 return True
     return False
+
+
+_collective_verdicts: dict[Any, bool] = {}
+
+
+def _uses_warp_collective(fn: Any) -> bool:
+    """True if ``fn`` (a kernel's Python function) may reach a warp-collective call."""
+    verdict = _collective_verdicts.get(fn)
+    if verdict is None:
+        verdict = _collective_verdicts[fn] = _uses_barrier(fn, collective_only=True)
+    return verdict
 
 
 def _filled(cell: Any) -> bool:
@@ -493,7 +507,8 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
 
     def run(self: Any, grid_point: Any, *args: Any) -> Any:
         __tracebackhide__ = True
-        if interleaving():
+        # A warp-collective call needs the turns runner, interleaved or not.
+        if interleaving() and not _uses_warp_collective(self._f):
             return threaded_run(self, grid_point, *args)
         if not _barrier_free(self._f):
             turns = _turns_version(self._f, kernel=True)
