@@ -4,7 +4,7 @@ model of the mma sequence and within the derived tolerance of float64."""
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import tensor_cores as tc
-from common.checking import CheckError, check, guarded
+from common.checking import check, guarded
 from common.internal.exercises import load_chapter_module
 from common.runtime import is_simulator
 
