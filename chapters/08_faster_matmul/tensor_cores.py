@@ -147,13 +147,13 @@ def make_word_loads(precision):
     if precision == "tf32":
         to_tf32 = tc.to_tf32
 
-        @cuda.jit(device=True, inline=True)
+        @jit(device=True, forceinline=True)
         def a_word(a, row, w):
             if row < a.shape[0] and w < a.shape[1]:
                 return to_tf32(a[row, w])
             return uint32(0)
 
-        @cuda.jit(device=True, inline=True)
+        @jit(device=True, forceinline=True)
         def b_word(b, w, col):
             if w < b.shape[0] and col < b.shape[1]:
                 return to_tf32(b[w, col])
@@ -163,7 +163,7 @@ def make_word_loads(precision):
 
     pack = tc.pack_bf16x2 if precision == "bf16" else tc.pack_f16x2
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, forceinline=True)
     def a_pair(a, row, w):
         lo = float32(0.0)
         hi = float32(0.0)
@@ -174,7 +174,7 @@ def make_word_loads(precision):
                 hi = a[row, 2 * w + 1]
         return pack(lo, hi)
 
-    @cuda.jit(device=True, inline=True)
+    @jit(device=True, forceinline=True)
     def b_pair(b, w, col):
         lo = float32(0.0)
         hi = float32(0.0)
