@@ -27,7 +27,11 @@ runtime. It patches the simulator's private kernel and API classes (numba-cuda
   (:func:`_run_in_turns`), or, where its source cannot be read, on one thread
   per CUDA thread meeting at a condition variable instead of the simulator's
   busy loop; ``common.runtime.interleaved_threads`` switches threads every
-  microsecond where a demo wants the old behaviour.
+  microsecond where a demo wants the old behaviour;
+* warp-collective calls (the tensor cores' ``mma.sync``, ``common.tensor_cores``):
+  a kernel that makes one runs in turns, and the call is a yield point where
+  the 32 lanes of a warp meet; the runner then computes all of them at once,
+  and a call reached by only part of a warp is an error (:func:`_partial_warp`).
 """
 
 from __future__ import annotations
@@ -408,6 +412,13 @@ _BARRIER_NAMES = frozenset(
     }
 )
 _barrier_verdicts: dict[Any, bool] = {}
+# The attribute that marks a simulator function as warp-collective (the tensor
+# cores' mma.sync, common/tensor_cores.py): every lane of a warp meets there,
+# so its kernel runs in turns (:func:`_run_in_turns`), where the call is a
+# yield point; the function's ``collective(lanes)`` then computes all 32
+# lanes' results at once.
+WARP_COLLECTIVE = "_course_warp_collective"
+WARP_SIZE = 32
 
 
 def _code_names(code: Any) -> set[str]:
@@ -418,18 +429,19 @@ def _code_names(code: Any) -> set[str]:
     return names
 
 
-def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
+def _uses_barrier(fn: Any, seen: set[int] | None = None, collective_only: bool = False) -> bool:
     """True if ``fn`` (a kernel's Python function) or any function it can call may
-    reach a barrier; True too whenever that cannot be told from the code."""
+    reach a barrier; True too whenever that cannot be told from the code.
+    ``collective_only``: warp-collective calls count, block barriers do not."""
     seen = set() if seen is None else seen
     if id(fn) in seen:
         return False
     seen.add(id(fn))
     code = getattr(fn, "__code__", None)
     if code is None:
-        return True
+        return not collective_only
     names = _code_names(code)
-    if names & _BARRIER_NAMES:
+    if names & _BARRIER_NAMES and not collective_only:
         return True
     candidates = [fn.__globals__[n] for n in names if n in fn.__globals__]
     candidates += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
@@ -442,12 +454,27 @@ def _uses_barrier(fn: Any, seen: set[int] | None = None) -> bool:
         else:
             obj_candidates = [obj]
         for target in obj_candidates:
+            if getattr(target, WARP_COLLECTIVE, False):
+                return True
             inner = getattr(target, "py_func", None) or getattr(target, "fn", None)
             if inner is not None and getattr(inner, "__code__", None) is not None:
                 target = inner
-            if isinstance(target, types.FunctionType) and _uses_barrier(target, seen):
+            if isinstance(target, types.FunctionType) and _uses_barrier(
+                target, seen, collective_only
+            ):
                 return True
     return False
+
+
+_collective_verdicts: dict[Any, bool] = {}
+
+
+def _uses_warp_collective(fn: Any) -> bool:
+    """True if ``fn`` (a kernel's Python function) may reach a warp-collective call."""
+    verdict = _collective_verdicts.get(fn)
+    if verdict is None:
+        verdict = _collective_verdicts[fn] = _uses_barrier(fn, collective_only=True)
+    return verdict
 
 
 def _filled(cell: Any) -> bool:
@@ -480,7 +507,8 @@ def _install_sequential_blocks(sim_kernel: Any) -> None:
 
     def run(self: Any, grid_point: Any, *args: Any) -> Any:
         __tracebackhide__ = True
-        if interleaving():
+        # A warp-collective call needs the turns runner, interleaved or not.
+        if interleaving() and not _uses_warp_collective(self._f):
             return threaded_run(self, grid_point, *args)
         if not _barrier_free(self._f):
             turns = _turns_version(self._f, kernel=True)
@@ -871,6 +899,8 @@ def _callee_kind(node: Any, fn: Any) -> str | None:
         target = _resolve(node, fn)
     except _CannotTakeTurns:
         return None  # a local, a method: not something _uses_barrier follows either
+    if getattr(target, WARP_COLLECTIVE, False):
+        return "warp"
     inner = getattr(target, "py_func", None)
     if inner is None or getattr(inner, "__code__", None) is None or not _uses_barrier(inner):
         return None
@@ -948,8 +978,9 @@ class _YieldAtBarriers:
     """Rewrites a function's barrier calls as ``yield``: ``cuda.syncthreads()``
     becomes ``(yield ("sync", None))``, ``cuda.syncthreads_count(p)`` becomes
     ``(yield ("count", p))``, and a call of a device function that reaches a
-    barrier becomes ``(yield from __course_device__(f)(...))``. In a kernel,
-    ``return`` becomes ``return <its line>``, so the runner knows where each
+    barrier becomes ``(yield from __course_device__(f)(...))``, and a call of a
+    warp-collective function (:data:`WARP_COLLECTIVE`) ``f(x, y)`` becomes
+    ``(yield ("warp", (f, (x, y))))``. In a kernel, ``return`` becomes ``return <its line>``, so the runner knows where each
     thread left (see :func:`_skipped_barrier`)."""
 
     def __init__(self, fn: Any, is_kernel: bool) -> None:
@@ -978,6 +1009,15 @@ class _YieldAtBarriers:
                     )
                     new = ast.YieldFrom(
                         value=ast.Call(func=device, args=call.args, keywords=call.keywords)
+                    )
+                elif kind == "warp":
+                    # (yield ("warp", (f, (args...)))): the runner gathers the warp
+                    if call.keywords or any(isinstance(a, ast.Starred) for a in call.args):
+                        raise _CannotTakeTurns(kind)
+                    operands = ast.Tuple(elts=list(call.args), ctx=ast.Load())
+                    request = ast.Tuple(elts=[call.func, operands], ctx=ast.Load())
+                    new = ast.Yield(
+                        value=ast.Tuple(elts=[ast.Constant(value=kind), request], ctx=ast.Load())
                     )
                 else:
                     if call.keywords or len(call.args) > 1:
@@ -1047,6 +1087,7 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
     exits: dict[tuple[int, ...], int | None] = {}
     failure: list[Any] = []
     problem: list[str] = []
+    warp_problem: list[str] = []
     name = getattr(kernel, "__qualname__", kernel.__name__)
     block = _tid(tuple(grid_point))
 
@@ -1055,10 +1096,10 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
             np.seterr(divide="raise")
         t = threading.current_thread()
         t.blockIdx = Dim3(*grid_point)
-        live = []  # [point, Dim3, thread id, generator, race state, value to send]
+        live = []  # [point, Dim3, thread id, generator, race state, value to send, from a barrier]
         for point in points:
             tid = point[0] + block_dim[0] * (point[1] + block_dim[1] * point[2])
-            live.append([point, Dim3(*point), tid, gen(*args), None, None])
+            live.append([point, Dim3(*point), tid, gen(*args), None, None, False])
         threads = list(live)
         try:
             run_turns(t, live)
@@ -1069,12 +1110,13 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
             for thread in threads:
                 thread[3].close()
 
-    def run_turns(t: Any, live: list[Any]) -> None:
-        released = False
-        while live:
-            waiting, arrived = [], {}
-            for thread in live:
-                point, t.threadIdx, t.thread_id, g, t._race_state, value = thread
+    def run_turns(t: Any, runnable: list[Any]) -> None:
+        at_barrier: list[Any] = []  # waiting at a block barrier, in thread order
+        arrived: dict[tuple[int, ...], _BarrierSite] = {}
+        at_warp: dict[int, list[Any]] = {}  # warp -> its lanes waiting at a collective
+        while runnable:
+            for thread in runnable:
+                point, t.threadIdx, t.thread_id, g, t._race_state, value, released = thread
                 try:
                     if released:
                         racecheck.on_barrier_leave()
@@ -1088,29 +1130,48 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
                     )
                     failure.append((type(e)(msg), sys.exc_info()[2]))
                     return
-                racecheck.on_barrier_arrive()
                 thread[4] = t._race_state
                 thread[5] = request
+                if request[0] == "warp":  # a register exchange, not a memory barrier
+                    at_warp.setdefault(thread[2] // WARP_SIZE, []).append(thread)
+                    continue
+                racecheck.on_barrier_arrive()
                 site = _turn_site(g)
                 arrived[point] = site
                 history.setdefault(point, []).append(site)
-                waiting.append(thread)
-            if waiting:
+                at_barrier.append(thread)
+            # Every thread still running now waits at a warp collective or a barrier.
+            if at_warp:
+                runnable = []
+                for warp, lanes in sorted(at_warp.items()):
+                    lanes.sort(key=lambda lane: lane[2])  # lane i at index i
+                    found = _partial_warp(warp, lanes, len(points))
+                    if found:
+                        warp_problem.append(found)
+                        return
+                    function, _ = lanes[0][5][1]
+                    results = function.collective([lane[5][1][1] for lane in lanes])
+                    for lane, result in zip(lanes, results):
+                        lane[5], lane[6] = result, False
+                    runnable += lanes
+                at_warp = {}
+                continue
+            if at_barrier:
                 found = _divergent_barrier(arrived)
                 if found:
                     problem.append(found)
                     return
-                kind = waiting[0][5][0]
-                votes = [bool(thread[5][1]) for thread in waiting]
+                kind = at_barrier[0][5][0]
+                votes = [bool(thread[5][1]) for thread in at_barrier]
                 result = {
                     "sync": None,
                     "count": sum(votes),
                     "and": int(all(votes)),
                     "or": int(any(votes)),
                 }[kind]
-                for thread in waiting:
-                    thread[5] = result
-            live, released = waiting, True
+                for thread in at_barrier:
+                    thread[5], thread[6] = result, True
+            runnable, at_barrier, arrived = at_barrier, [], {}
 
     worker = threading.Thread(target=take_turns, daemon=True)
     worker.syncthreads = _unseen_barrier  # type: ignore[attr-defined]
@@ -1118,6 +1179,8 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
     worker.join()
     if problem:
         raise BarrierError(f"in kernel {name}, block {block}: {problem[0]}; {_BARRIER_HINT}")
+    if warp_problem:
+        raise BarrierError(f"in kernel {name}, block {block}: {warp_problem[0]}")
     if failure:
         raise failure[0][0].with_traceback(failure[0][1])
     structure = _kernel_returns(kernel.__code__)
@@ -1125,6 +1188,38 @@ def _run_in_turns(manager: Any, gen: Any, grid_point: Any, args: Any) -> None:
     if skipped:
         raise BarrierError(f"in kernel {name}, block {block}: {skipped}; {_BARRIER_HINT}")
     racecheck.on_block_end()
+
+
+def _partial_warp(warp: int, lanes: list[Any], block_threads: int) -> str | None:
+    """Why the ``lanes`` (turn runner entries, in lane order) waiting at a warp
+    collective of warp ``warp`` cannot run it, or None: mma.sync.aligned needs all
+    32 lanes of the warp at the same instruction (PTX ISA, "Warp-level Matrix
+    Multiply-Accumulate Instructions": .aligned)."""
+    sites = {_turn_site(lane[3]) for lane in lanes}
+    name = lanes[0][5][1][0].__name__
+    first = warp * WARP_SIZE
+    if len(lanes) < WARP_SIZE:
+        in_block = min(WARP_SIZE, block_threads - first)
+        missing = sorted(set(range(first, first + in_block)) - {lane[2] for lane in lanes})
+        why = (
+            f"the block has {block_threads} threads, so warp {warp} has only {in_block} lanes: "
+            "use a multiple of 32 threads per block"
+            if in_block < WARP_SIZE
+            else f"threads {missing[:4]}{' ...' if len(missing) > 4 else ''} of that warp "
+            "returned or wait at a cuda.syncthreads() instead"
+        )
+        return (
+            f"{name} (a warp-collective mma.sync) was reached by {len(lanes)} of the 32 lanes "
+            f"of warp {warp}; mma.sync.aligned needs all 32 lanes at the same instruction "
+            f"({why}; guard the loads and stores, not the mma)"
+        )
+    if len(sites) > 1:
+        where = sorted(site.where() for site in sites)
+        return (
+            f"the lanes of warp {warp} reach {name} at different lines ({where[0]} and "
+            f"{where[1]}); mma.sync.aligned needs all 32 lanes at the same instruction"
+        )
+    return None
 
 
 def _turn_site(outer: Any) -> _BarrierSite:
