@@ -188,6 +188,39 @@ def make_word_loads(precision):
     return a_pair, b_pair
 
 
+def make_staging(precision):
+    """(value_at, to_word): version 2's loads, split in two. ``value_at(x, i, j)`` is
+    x[i, j] as float32, 0 past the edges, read from a clamped index so that the load
+    always happens: a thread's loads of a slice then go out back to back, where a
+    guarded load is a branch and a conversion right behind it waits for the load
+    before the next one can start. ``to_word(lo, hi)`` converts when the values go
+    into shared memory, after the slice's mmas: TF32 rounds ``lo`` (``hi`` unused),
+    BF16 / FP16 pack the pair (k even, k odd) into one register."""
+    if precision == "tf32":
+        convert = tc.to_tf32
+
+        @jit(device=True, forceinline=True)
+        def to_word(lo, hi):
+            return convert(lo)
+
+    else:
+        pack = tc.pack_bf16x2 if precision == "bf16" else tc.pack_f16x2
+
+        @jit(device=True, forceinline=True)
+        def to_word(lo, hi):
+            return pack(lo, hi)
+
+    @jit(device=True, forceinline=True)
+    def value_at(x, i, j):
+        m, n = x.shape
+        v = x[min(i, m - 1), min(j, n - 1)]
+        if i < m and j < n:
+            return v
+        return float32(0.0)
+
+    return value_at, to_word
+
+
 # --------------------------------------------------------------------------
 # Version 1: one warp, one 16 x 8 tile, fragments from global memory
 # --------------------------------------------------------------------------
@@ -254,11 +287,12 @@ def make_mma_block_tile(precision, tile):
     4 * WM / 16 words of A and 2 * WN / 8 of B a lane, for (WM / 16) * (WN / 8)
     mmas: 16 mmas for 24 shared loads at 64 x 32."""
     mma, per_word, _ = tc.PRECISIONS[precision]
-    a_word, b_word = make_word_loads(precision)
+    value_at, to_word = make_staging(precision)
     BM, BN, KW, WM, WN = tile.bm, tile.bn, tile.kw, tile.wm, tile.wn
     FM, FN = WM // 16, WN // 8
     WARPS_N = BN // WN
     THREADS = tile.threads
+    PW = per_word  # K values a register word holds: 1 (TF32) or 2 (BF16, FP16)
     SA, SB = KW + 4, BN + 8  # padded row strides (words)
     A_BUF, B_BUF = BM * SA, KW * SB
     A_SIZE, B_SIZE = 2 * A_BUF, 2 * B_BUF  # shared array sizes must be plain constants
@@ -274,8 +308,8 @@ def make_mma_block_tile(precision, tile):
         acc = cuda.local.array((FM, FN, 4), float32)
         a_frag = cuda.local.array((FM, 4), uint32)
         b_frag = cuda.local.array((FN, 2), uint32)
-        a_next = cuda.local.array(A_LOADS, uint32)
-        b_next = cuda.local.array(B_LOADS, uint32)
+        a_next = cuda.local.array((A_LOADS, 2), float32)  # a slice's values, unconverted
+        b_next = cuda.local.array((B_LOADS, 2), float32)
         tid = cuda.threadIdx.x & 1023  # & 1023: provably >= 0, no wraparound code
         lane, warp = tid & 31, tid // 32
         g, t = lane // 4, lane % 4
@@ -287,29 +321,42 @@ def make_mma_block_tile(precision, tile):
             for j in range(FN):
                 for q in range(4):
                     acc[i, j, q] = 0.0
-        # Prologue: slice 0 into buffer 0. A: consecutive threads walk a row's words
-        # (coalesced along K); B: consecutive threads walk a row's columns.
+        words = (a.shape[1] + PW - 1) // PW
+        slices = (words + KW - 1) // KW
+        # Word idx of a slice: A row idx // KW, word idx % KW (consecutive threads walk
+        # a row's words: coalesced along K); B word row idx // BN, column idx % BN
+        # (consecutive threads walk a row's columns). Slice 0 now, into buffer 0.
         for load in range(A_LOADS):
             idx = tid + load * THREADS
-            r, w = idx // KW, idx % KW
-            a_tile[r * SA + w] = a_word(a, row0 + r, w)
+            for h in range(PW):
+                a_next[load, h] = value_at(a, row0 + idx // KW, (idx % KW) * PW + h)
         for load in range(B_LOADS):
             idx = tid + load * THREADS
-            w, q = idx // BN, idx % BN
-            b_tile[w * SB + q] = b_word(b, w, col0 + q)
+            for h in range(PW):
+                b_next[load, h] = value_at(b, (idx // BN) * PW + h, col0 + idx % BN)
+        for load in range(A_LOADS):
+            idx = tid + load * THREADS
+            a_tile[(idx // KW) * SA + idx % KW] = to_word(a_next[load, 0], a_next[load, PW - 1])
+        for load in range(B_LOADS):
+            idx = tid + load * THREADS
+            b_tile[(idx // BN) * SB + idx % BN] = to_word(b_next[load, 0], b_next[load, PW - 1])
         cuda.syncthreads()
-        words = (a.shape[1] + per_word - 1) // per_word
-        slices = (words + KW - 1) // KW
         for s in range(slices):
             cur = s & 1
-            w_next = (s + 1) * KW
-            if s + 1 < slices:  # issue the next slice's global loads now
+            k_next = (s + 1) * KW * PW  # the next slice's first K
+            if s + 1 < slices:  # its global loads now: they land while this slice's mmas run
                 for load in range(A_LOADS):
                     idx = tid + load * THREADS
-                    a_next[load] = a_word(a, row0 + idx // KW, w_next + idx % KW)
+                    for h in range(PW):
+                        a_next[load, h] = value_at(
+                            a, row0 + idx // KW, k_next + (idx % KW) * PW + h
+                        )
                 for load in range(B_LOADS):
                     idx = tid + load * THREADS
-                    b_next[load] = b_word(b, w_next + idx // BN, col0 + idx % BN)
+                    for h in range(PW):
+                        b_next[load, h] = value_at(
+                            b, k_next + (idx // BN) * PW + h, col0 + idx % BN
+                        )
             a_base = cur * A_BUF + (wr0 + g) * SA + t
             b_base = cur * B_BUF + t * SB + wc0 + g
             for step in range(KW // 8):
@@ -341,14 +388,18 @@ def make_mma_block_tile(precision, tile):
                         acc[i, j, 1] = d[1]
                         acc[i, j, 2] = d[2]
                         acc[i, j, 3] = d[3]
-            if s + 1 < slices:
+            if s + 1 < slices:  # converted now, after the mmas, into the other buffer
                 nxt = 1 - cur
                 for load in range(A_LOADS):
                     idx = tid + load * THREADS
-                    a_tile[nxt * A_BUF + (idx // KW) * SA + idx % KW] = a_next[load]
+                    a_tile[nxt * A_BUF + (idx // KW) * SA + idx % KW] = to_word(
+                        a_next[load, 0], a_next[load, PW - 1]
+                    )
                 for load in range(B_LOADS):
                     idx = tid + load * THREADS
-                    b_tile[nxt * B_BUF + (idx // BN) * SB + idx % BN] = b_next[load]
+                    b_tile[nxt * B_BUF + (idx // BN) * SB + idx % BN] = to_word(
+                        b_next[load, 0], b_next[load, PW - 1]
+                    )
             # The other buffer is complete, and nobody reads this one any more.
             cuda.syncthreads()
         m, n = c.shape
