@@ -62,6 +62,12 @@ NOT_CACHED = {
     ("11_fft_and_convolution/exercises.py", "pad_kernel"): _SOLUTIONS,
     ("11_fft_and_convolution/exercises.py", "correlate_spectra_kernel"): _SOLUTIONS,
     ("11_fft_and_convolution/exercises.py", "crop_kernel"): _SOLUTIONS,
+    ("08_faster_matmul/tensor_cores.py", "mma_warp_tile"): (
+        f"its mma and cvt instructions come from common/tensor_cores.py, {_OTHER_FILE}"
+    ),
+    ("08_faster_matmul/tensor_cores.py", "mma_block_tile"): (
+        f"its mma and cvt instructions come from common/tensor_cores.py, {_OTHER_FILE}"
+    ),
     ("12_triton/layernorm.py", "layernorm_forward_block_row"): (
         f"calls chapter 06's reduction.block_reduce_sum, {_OTHER_FILE}"
     ),

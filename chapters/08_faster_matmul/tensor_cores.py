@@ -235,7 +235,7 @@ def make_mma_warp_tile(precision):
     mma, per_word, _ = tc.PRECISIONS[precision]
     a_word, b_word = make_word_loads(precision)
 
-    @cuda.jit
+    @cuda.jit  # not cached: uses common/tensor_cores.py, unseen by the cache key
     def mma_warp_tile(a, b, c):
         lane = cuda.threadIdx.x & 31
         g, t = lane // 4, lane % 4  # PTX's groupID and threadID_in_group
@@ -301,7 +301,7 @@ def make_mma_block_tile(precision, tile):
     assert A_LOADS * THREADS == BM * KW and B_LOADS * THREADS == KW * BN, "uneven loads"
     assert 4 * (A_SIZE + B_SIZE) <= 48 * 1024, "shared memory over 48 KiB"
 
-    @jit(launch_bounds=(THREADS, tile.min_blocks))
+    @jit(launch_bounds=(THREADS, tile.min_blocks))  # not cached: see above
     def mma_block_tile(a, b, c):
         a_tile = cuda.shared.array(A_SIZE, uint32)
         b_tile = cuda.shared.array(B_SIZE, uint32)
