@@ -562,23 +562,24 @@ def format_timing_table(
     names = list(rows[0]["ms"])
     # wide enough for the longest best-torch name ("compile-reduce-overhead") and a gap
     width = 2 + max(13, *(len(r.get("best_torch", "").removeprefix("torch ")) for r in rows))
+    label = max([34] + [len(name) + 1 for name in names])  # the longest configuration name
     lines.append(
-        f"  {'configuration':<34}" + "".join(f"{'batch ' + str(b):>{width}}" for b in sizes)
+        f"  {'configuration':<{label}}" + "".join(f"{'batch ' + str(b):>{width}}" for b in sizes)
     )
     for name in names:
         cells = [r["ms"].get(name) for r in rows]
         lines.append(
-            f"  {name:<34}"
+            f"  {name:<{label}}"
             + "".join(f"{'-' if v is None else format(v, '.3f'):>{width}}" for v in cells)
         )
     ratios = [r.get("fast_graph_over_best_torch") for r in rows]
     if any(ratios):
         lines.append(
-            f"  {'fast graph / best torch':<34}"
+            f"  {'fast graph / best torch':<{label}}"
             + "".join(f"{'-' if v is None else format(v, '.2f') + 'x':>{width}}" for v in ratios)
         )
         lines.append(
-            f"  {'(best torch configuration)':<34}"
+            f"  {'(best torch configuration)':<{label}}"
             + "".join(f"{r.get('best_torch', '-').removeprefix('torch '):>{width}}" for r in rows)
         )
     return "\n".join(lines)
