@@ -30,8 +30,11 @@ def shared_kernel():
     """One kernel for the notebooks of a worker (each notebook's own kernel start and
     imports cost about 5 s of CPU, more than most of them run). The race detector is
     on for the notebooks that show it at work and off for the others, a fifth faster
-    (the chapters' own tests race-check the same kernels)."""
-    with notebooks.SharedKernel(env={"COURSE_RACECHECK": "1"}) as kernel:
+    (the chapters' own tests race-check the same kernels). The capstone notebook
+    trains 12 steps here instead of its simulator default of 32 (the cells are the
+    same; CI's time is not)."""
+    env = {"COURSE_RACECHECK": "1", "CAPSTONE_ARGS": "--sample --epochs 1 --max-steps 12"}
+    with notebooks.SharedKernel(env=env) as kernel:
         yield kernel
 
 
