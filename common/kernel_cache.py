@@ -33,7 +33,6 @@ from __future__ import annotations
 from common.runtime import KERNEL_CACHE_DIR
 
 import contextlib
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -94,13 +93,10 @@ def _locked(save: Any) -> Any:
     at a time."""
 
     def locked_save(self: Any, key: Any, data: Any) -> None:
-        os.makedirs(self._cache_path, exist_ok=True)
+        # numba made the cache folder before it saves (locator.ensure_cache_path)
         with open(self._index_path + ".lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                save(self, key, data)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            save(self, key, data)
 
     return locked_save
 
