@@ -20,12 +20,12 @@ mm = tcm.mm
 SHAPES = [(1, 1, 1), (37, 21, 19), (17, 9, 33)]
 
 
-def _checked(launcher, precision, m, n, k, rng):
+def _checked(launcher, precision, m, n, k, rng, unit=None):
     a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
     out = guarded((m, n), np.float32)
     launcher(a, b, out.array)
     ref = mm.matmul_reference(a_h, b_h)
-    tol = tcm.tolerance(a_h, b_h, ref, tc.UNIT_ROUNDOFF[precision])
+    tol = tcm.tolerance(a_h, b_h, ref, unit or tc.UNIT_ROUNDOFF[precision])
     got = out.array.copy_to_host() if hasattr(out.array, "copy_to_host") else out.array
     check(got, ref, tol=tol, name=f"{precision} {m}x{n}x{k}")
     out.check_untouched()
@@ -36,7 +36,7 @@ def _checked(launcher, precision, m, n, k, rng):
 def test_versions_on_hostile_shapes(precision, rng):
     for version in tcm.versions(precision):
         for m, n, k in SHAPES:
-            a_h, b_h, got = _checked(version.launcher, precision, m, n, k, rng)
+            a_h, b_h, got = _checked(version.launcher, precision, m, n, k, rng, version.input_unit)
             if is_simulator():  # the same mma sequence, bit for bit
                 model = tcm.mma_gemm_model(a_h, b_h, precision)
                 assert np.array_equal(got, model), f"{version.label} {m}x{n}x{k}"
@@ -96,3 +96,23 @@ def test_bad_operands_are_refused_before_work():
         tcm.tc_matmul(a, b, c, precision="fp8")
     tcm.tc_matmul(a, b, c, precision="f16")
     assert np.array_equal(c.copy_to_host(), np.full((4, 5), 3.0, np.float32))
+
+
+@pytest.mark.skipif(not tcm.has_wgmma(), reason="version 3 (wgmma) runs only on a Hopper GPU")
+@pytest.mark.parametrize("precision", tcm.PRECISIONS)
+@pytest.mark.parametrize("tile", tcm.WG_TILES, ids=str)
+def test_wgmma_block_tile_with_several_blocks_and_slices(precision, tile, rng):
+    """Version 3: two blocks and a partial one each way; more K-slices than stages
+    and a partial one (every stage reused); one element; an odd K."""
+    if precision != "tf32" and tile.b_layout != "nk":
+        pytest.skip("BF16 / FP16 take B as (N, K)")
+    per_word, _ = tcm.wg.PRECISIONS[precision]
+    version = next(v for v in tcm.versions(precision) if v.number == 3 and v.launcher.tile == tile)
+    launcher = version.launcher
+    slices = tile.stages + 2
+    for m, n, k in [
+        (2 * tcm.WG_BM + 5, 2 * tile.bn + 3, slices * tcm.WG_KW * per_word + 3),
+        (1, 1, 1),
+        (130, 9, 70),
+    ]:
+        _checked(launcher, precision, m, n, k, rng, version.input_unit)

@@ -68,6 +68,12 @@ NOT_CACHED = {
     ("08_faster_matmul/tensor_cores.py", "mma_block_tile"): (
         f"its mma and cvt instructions come from common/tensor_cores.py, {_OTHER_FILE}"
     ),
+    ("08_faster_matmul/tensor_cores.py", "wgmma_block_tile"): (
+        f"its wgmma, cp.async and fence instructions come from common/wgmma.py, {_OTHER_FILE}"
+    ),
+    ("08_faster_matmul/tensor_cores.py", "_to_half_bits"): (
+        f"its cvt instructions come from common/tensor_cores.py, {_OTHER_FILE}"
+    ),
     ("12_triton/layernorm.py", "layernorm_forward_block_row"): (
         f"calls chapter 06's reduction.block_reduce_sum, {_OTHER_FILE}"
     ),
