@@ -1,4 +1,4 @@
-"""GEMM on tensor cores from Numba: C = A @ B with mma.sync in TF32, BF16 and FP16.
+"""GEMM on tensor cores from Numba: C = A @ B with mma.sync and wgmma in TF32, BF16, FP16.
 
 version 1  mma_warp_tile: one warp a 16 x 8 tile of C; each lane reads its fragment
            registers straight from global memory, converts them and issues one mma.sync
@@ -10,6 +10,13 @@ version 2  mma_block_tile: a BM x BN block tile staged in shared memory as regis
            one B fragment WM / 16; padded rows (fragment reads without bank conflicts);
            the next K-slice loaded into registers while this one is multiplied (double
            buffer, one syncthreads a slice); edges guarded on load and store
+version 3  wgmma_block_tile (Hopper only, common/wgmma.py): two warpgroups a 128 x BN
+           block tile; each issues wgmma.mma_async on 128-byte-swizzled shared memory
+           through matrix descriptors (64 x BN x 8 or 16 a call, asynchronous), fed by
+           a cp.async pipeline of 3-4 stages, one syncthreads a K-slice. TF32 reads
+           float32 as stored (the tensor cores truncate); BF16 / FP16 take operands
+           stored in that format (converted once, untimed, as cuBLAS's are); B as
+           (K, N) or transposed, (N, K)
 baselines  cuBLAS in the same precision (torch.matmul: TF32 allowed on float32 tensors,
            or BF16 / FP16 tensors, FP32 accumulate) and chapter 12's Triton kernel
            (TF32, FP16) where Triton runs, measured in the same run
@@ -18,13 +25,17 @@ Run:   python chapters/08_faster_matmul/tensor_cores.py [--sizes 1024,2048,4096]
            [--precisions tf32,bf16,f16] [--out DIR]
 
 Every version takes the chapter's operands, float32 A (M, K) and B (K, N) row-major,
-and writes float32 C: TF32 rounds each value to a 10-bit mantissa (``cvt.rna``), BF16
+and writes float32 C. Versions 1 and 2: TF32 rounds each value to a 10-bit mantissa (``cvt.rna``), BF16
 and FP16 round pairs of neighbouring k into one 32-bit register (``cvt.rn.*x2``).
 Converting on the way into shared memory keeps one input format for the three
 precisions and the same operands as matmul.py; the price is 4 bytes a value read from
 global memory where stored BF16 would read 2, which version 2's 128 x 128 tile reuses
 enough to stay compute-bound. The instructions come from ``common/tensor_cores.py``
 (Numba intrinsics with inline PTX; sm_80 or newer, checked before any launch).
+Version 3 (``WgmmaLauncher``) converts what cp.async cannot (B transposed, BF16 / FP16
+bits) once per operand pair, before timing; its instructions come from
+``common/wgmma.py`` (compute capability 9.0 only; on other GPUs and in the simulator
+the table has versions 1 and 2).
 
 Every version is checked against the float64 product with a tolerance derived from its
 precision (``tolerance``), then timed with CUDA events next to cuBLAS. In the
