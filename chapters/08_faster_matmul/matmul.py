@@ -12,18 +12,23 @@ version 9  matmul_double_buffered: the next tile is loaded into registers while 
 version 10 matmul_unguarded: when M, N, K are multiples of the tiles, v9 without bounds
            checks, flat operands, constant-stride addresses (chosen at launch; v9 otherwise)
 version 11 autotuned: version 10 built for a few tile shapes, the fastest one kept
+version 12 matmul_warptiled: v10 with warp tiles (each warp a 64x32 sub-tile, lanes 8x4 over it)
+version 13 split-K: v12 with K split over gridDim.z when the tiles make under one wave of
+           blocks; partials in a workspace, summed in a fixed order (matmul_splitk_reduce)
+version 14 chosen by shape: block tile and split-K picked per (M, N, K) and SM count
+           (choose_schedule): 128x128, 128x64 or 64x64, and 1-16 splits
 baseline   cuBLAS SGEMM through torch.matmul (TF32 off), measured in the same run
 
-Run:   python chapters/08_faster_matmul/matmul.py [--sizes 1024,2048,4096] [--quick]
-           [--only 9,10,11] [--tune-size N] [--out DIR]
+Run:   python chapters/08_faster_matmul/matmul.py [--sizes 1024,2048,4096x4096x256] [--quick]
+           [--only 11,12,13,14] [--tune-size N] [--out DIR]
 
 Every version is checked against a float64 product on the same inputs (the
 tolerance 1e-4 also proves TF32 is off: TF32 gives ~1e-3), then timed with
 CUDA events. Kernels 6-10 come from factories (``make_*``) that close over a
 ``Tile`` (block tile, K-slice, register tile), so Numba sees its sizes as
 compile-time constants: loops over them unroll and ``cuda.local.array`` of
-that size can live in registers. The launchers take the same ``Tile``, so a
-kernel and its launch cannot disagree. Versions 7-10 repeat most of the
+that size can live in registers (12-14 likewise, from a ``WarpTile``). The
+launchers take the same ``Tile``, so a kernel and its launch cannot disagree. Versions 7-10 repeat most of the
 previous version's code on purpose: diff version N against N + 1 to see the
 one idea it adds. The designs follow Simon Boehm, "How to Optimize a CUDA
 Matmul Kernel for cuBLAS-like Performance" (2022,
@@ -719,8 +724,8 @@ def make_matmul_warptiled_guarded(tile):
     a (M, K), b (K, N) 2-D; out (S, M, N), split z's partial C in out[z] (C
     itself, reshaped to (1, M, N), when S = 1). Split z sums K tiles
     [z * T // S, (z + 1) * T // S) of the T = ceil(K / BK); its loads are
-    guarded by the end of its own K range, not by K, so no value is summed by
-    two splits. Needs 1 <= S <= T (``launch_warptiled`` checks)."""
+    split at whole tiles, so only the last split's last tile meets the edge
+    of K. Needs 1 <= S <= T (``launch_warptiled`` checks)."""
     BM, BN, BK, TM, TN, MIN_BLOCKS = tile.bm, tile.bn, tile.bk, tile.tm, tile.tn, tile.min_blocks
     WM, WN = tile.wm, tile.wn
     WARPS_N, LANES_N, GA, GB = _warp_layout(tile)
@@ -749,7 +754,7 @@ def make_matmul_warptiled_guarded(tile):
         splits = cuda.gridDim.z
         k_tiles = (k_total + BK - 1) // BK
         k_begin = (z * k_tiles // splits) * BK
-        k_end = min(((z + 1) * k_tiles // splits) * BK, k_total)
+        k_end = ((z + 1) * k_tiles // splits) * BK
         for i in range(TM):
             for j in range(TN):
                 acc[i, j] = 0.0
@@ -757,12 +762,12 @@ def make_matmul_warptiled_guarded(tile):
             for load in range(A_LOADS):
                 idx = tid + load * THREADS
                 r, q = idx // BK, idx % BK
-                ok = row0 + r < m and k0 + q < k_end
+                ok = row0 + r < m and k0 + q < k_total
                 a_tile[q * AP + r] = a[row0 + r, k0 + q] if ok else float32(0.0)
             for load in range(B_LOADS):
                 idx = tid + load * THREADS
                 r, q = idx // BN, idx % BN
-                ok = k0 + r < k_end and col0 + q < n
+                ok = k0 + r < k_total and col0 + q < n
                 b_tile[r * BN + q] = b[k0 + r, col0 + q] if ok else float32(0.0)
             cuda.syncthreads()
             for k in range(BK):
@@ -1095,12 +1100,13 @@ def _best_version():
 # (see the README's results); 128 x 64 and 64 x 64 make 2x and 4x the blocks.
 # The simulator's are tiny (it runs a Python thread per CUDA thread) but keep
 # two lane layouts (8 x 4, 4 x 8) and a block of 2 warps.
+GPU_SCHEDULE_TILES = (
+    WarpTile(128, 128, 16, 8, 8, 2, wm=64, wn=32),
+    WarpTile(128, 64, 16, 8, 4, 2, wm=32, wn=32),
+    WarpTile(64, 64, 16, 4, 4, 2, wm=32, wn=16),
+)
 SCHEDULE_TILES = pick(
-    gpu=(
-        WarpTile(128, 128, 16, 8, 8, 2, wm=64, wn=32),
-        WarpTile(128, 64, 16, 8, 4, 2, wm=32, wn=32),
-        WarpTile(64, 64, 16, 4, 4, 2, wm=32, wn=16),
-    ),
+    gpu=GPU_SCHEDULE_TILES,
     simulator=(
         WarpTile(32, 32, 4, 4, 4, 2, wm=32, wn=16),
         WarpTile(32, 16, 4, 4, 4, 2, wm=32, wn=16),
@@ -1273,8 +1279,9 @@ def main(argv=None):
         "--sizes",
         type=tools.parse_sizes,
         default=None,
-        help="comma list of N (square) or MxNxK; default 1024,2048,4096 "
-        "on a GPU, 33x20x17 in the simulator",
+        help="comma list of N (square) or MxNxK; default 1024,2048,4096,"
+        "4096x4096x256,256x4096x4096 on a GPU (the last two: small K, small M), "
+        "33x20x17,8x12x64 in the simulator",
     )
     parser.add_argument(
         "--quick",
@@ -1292,14 +1299,17 @@ def main(argv=None):
         "--only",
         type=tools.parse_numbers,
         default=None,
-        help="comma list of GPU versions (3-11) to run, e.g. 9,10,11; "
+        help="comma list of GPU versions (3-14) to run, e.g. 11,12,13,14; "
         "default all (versions 1-2 and cuBLAS always run)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     args = parser.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
-    default_sizes = pick(gpu="1024" if args.quick else "1024,2048,4096", simulator="33x20x17")
+    default_sizes = pick(
+        gpu="1024" if args.quick else "1024,2048,4096,4096x4096x256,256x4096x4096",
+        simulator="33x20x17,8x12x64",
+    )
     sizes = args.sizes or tools.parse_sizes(default_sizes)
     peaks = device_peaks()
     device = peaks.get("device", "?")
@@ -1329,6 +1339,15 @@ def main(argv=None):
         tuned_tile = asdict(tuned.tile)
         print(f"autotuner picked {tuned.tile} mb{tuned.tile.min_blocks}")
         versions.append(tuned)
+    versions += [v for v in schedule_versions() if args.only is None or v.number in args.only]
+    schedules = {}
+    for v in versions:
+        if v.number == 14:
+            print(f"version 14's schedule on {v.launcher.sm_count} SMs (choose_schedule):")
+            for m, n, k in sizes:
+                tile, splits = v.launcher.schedule(m, n, k)
+                schedules[f"{m}x{n}x{k}"] = {"tile": str(tile), "splits": splits}
+                print(f"  {m}x{n}x{k}: tile {tile}, splits {splits}")
 
     all_results = {}
     for size in sizes:
@@ -1338,12 +1357,11 @@ def main(argv=None):
         all_results[size] = results
 
     # what the register tiles of versions 8-11 became (nothing in the simulator)
-    reports = [
-        tools.compiler_report(kernel, v.label)
-        for v in versions
-        if v.number >= 8
-        for kernel in v.kernels
-    ]
+    # (versions 12-14 share kernels: each is reported once, under its first version)
+    kernels = {
+        id(kern): (kern, v.label) for v in versions[::-1] if v.number >= 8 for kern in v.kernels
+    }
+    reports = [tools.compiler_report(kern, label) for kern, label in list(kernels.values())[::-1]]
     tools.print_compiler_reports(reports)
 
     for size, results in all_results.items():
@@ -1355,6 +1373,7 @@ def main(argv=None):
         args.out,
         "matmul",
         tuned_tile=tuned_tile,
+        schedules=schedules,
         compiler=[r for r in reports if r],
         sgemm_peak_tflops=peaks.get("sgemm_tflops"),
     )
