@@ -613,13 +613,14 @@ def make_matmul_warptiled(tile):
     """v12 factory: v10's unguarded kernel with warp tiles, and K split over gridDim.z.
 
     Warp tiling (Boehm's kernel 10; CUTLASS's warp-level tile): in v10 the 32
-    lanes of a warp own 2 rows x 16 columns of 4 x 4 groups, so per k a warp
-    reads 2 distinct A groups and 16 distinct B groups (18 x 16 bytes) from
-    shared memory. Here warp w owns a WM x WN sub-tile and its lanes are laid
-    out (WM / TM) x (WN / TN) = 8 x 4 over it (for 64 x 32 and 8 x 8): per k
-    the warp reads 8 A groups and 4 B groups (12 x 16 bytes) for the same
-    2048 FMAs. Lanes of one row read one A address (a broadcast), and the
-    groups a warp reads are consecutive 16-byte words: no bank conflict.
+    lanes of a warp are 2 rows x 16 columns of threads spread over the whole
+    block tile, so per k a warp reads 4 distinct 4-float A groups and 32 B
+    groups (36 x 16 bytes) from shared memory. Here warp w owns a WM x WN
+    sub-tile and its lanes are laid out (WM / TM) x (WN / TN) = 8 x 4 over it
+    (for 64 x 32 and 8 x 8): per k the warp reads 16 A groups and 8 B groups
+    (24 x 16 bytes) for the same 2048 FMAs. Lanes of one row read one A
+    address (a broadcast), and the groups one load reads are consecutive
+    16-byte words: no bank conflict.
 
     Split-K: the blocks of grid layer z = blockIdx.z (of S = gridDim.z) sum
     only K tiles [z * T // S, (z + 1) * T // S) of the T = K / BK, and write
