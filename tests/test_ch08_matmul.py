@@ -365,13 +365,18 @@ def _check_split_k(tile, splits, m, n, k, rng, repeat=False):
         assert np.array_equal(first.view(np.uint32), out.array.copy_to_host().view(np.uint32))
 
 
+# K = 4 * BK + 1 is 5 K tiles, the last one partial (17 in the simulator, BK = 4).
+def _ragged_k(tile):
+    return 4 * tile.bk + 1
+
+
 def test_split_k_every_split_count(rng):
-    """K = 17 is 5 BK = 4 tiles (the last one partial): splits 2, 3 and 5 give uneven
-    ranges (2 + 3, 1 + 2 + 2, 1 each); then the unguarded kernel (a shape the tile
-    divides) with 3 splits of 4 tiles. Split 1 is version 12's test."""
+    """K of 5 tiles: splits 2, 3 and 5 give uneven ranges (2 + 3, 1 + 2 + 2, 1 each);
+    then the unguarded kernel (a shape the tile divides) with 3 splits of 4 tiles.
+    Split 1 is version 12's test."""
     tile = mm.SCHEDULE_TILES[0]
     for splits in (2, 3, 5):
-        _check_split_k(tile, splits, 9, 20, 17, rng, repeat=splits == 5)
+        _check_split_k(tile, splits, 9, 20, _ragged_k(tile), rng, repeat=splits == 5)
     _check_split_k(tile, 3, tile.bm, tile.bn, 4 * tile.bk, rng)
 
 
@@ -395,7 +400,7 @@ def test_split_k_reduce_skipping_the_last_split_fails(rng, monkeypatch, tmp_path
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     monkeypatch.setattr(mm, "matmul_splitk_reduce", namespace["matmul_splitk_reduce"])
     with pytest.raises(CheckError):
-        _check_split_k(mm.SCHEDULE_TILES[0], 3, 9, 20, 17, rng)
+        _check_split_k(mm.SCHEDULE_TILES[0], 3, 9, 20, _ragged_k(mm.SCHEDULE_TILES[0]), rng)
 
 
 def test_split_k_with_overlapping_ranges_fails(rng, tmp_path):
@@ -406,7 +411,7 @@ def test_split_k_with_overlapping_ranges_fails(rng, tmp_path):
         ("k_begin = (z * k_tiles // splits) * BK", "k_begin = 0  # wrong: ranges overlap"),
     )
     tile = mm.SCHEDULE_TILES[0]
-    a_h, b_h, a, b = mm.random_operands(9, 40, 17, rng)
+    a_h, b_h, a, b = mm.random_operands(9, 40, _ragged_k(tile), rng)
     workspace = mm.SplitKWorkspace()
     out = guarded((9, 40), np.float32)
     kernel = factory(tile)
