@@ -60,6 +60,7 @@ def run_versions(
     repeats: int = 20,
     peaks: dict[str, Any] | None = None,
     print_table: bool = True,
+    hold_ms: int = 0,
 ) -> list[Timing]:
     """Check each ``launcher(*args, out)`` against ``reference``, then time it.
 
@@ -73,6 +74,10 @@ def run_versions(
             (NaN / sentinel) before the checked run.
         tol: largest accepted ``||out - ref|| / ||ref||``.
         nbytes, flops: per call, for GB/s and TFLOP/s (see :func:`common.timing.benchmark`).
+        hold_ms: > 0 times GPU time only: the timed calls are queued behind a kernel
+            that holds the GPU this long (:func:`common.timing.hold_stream`), so a
+            launcher whose host-side cost rivals its kernels' run time (several
+            Numba launches of tens of microseconds) is not timed by its host.
 
     Returns:
         One :class:`Timing` per version, with ``extra["rel_error"]`` set.
@@ -93,6 +98,7 @@ def run_versions(
             warmup=warmup,
             repeats=repeats,
             peaks=peaks,
+            hold_ms=hold_ms,
         )
         t.extra["rel_error"] = err
         results.append(t)

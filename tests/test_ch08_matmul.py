@@ -324,9 +324,201 @@ def test_script_main_runs(tmp_path):
     assert any(nm.startswith("11 autotuned") for nm in names)
     assert any(nm.startswith("10 unguarded") for nm in names)
     assert any(nm.startswith("9 double buffered") for nm in names)
+    assert any(nm.startswith("14 chosen by shape") for nm in names)
 
 
 def test_readme_code_is_the_chapter_code():
     from common.internal.readme_sync import REPO_ROOT, sync_readme
 
     assert sync_readme(REPO_ROOT / "chapters" / "08_faster_matmul" / "README.md", write=False) == []
+
+
+# ------------------------------- versions 12-14: warp tiles, split-K, chosen by shape
+
+# Shapes for versions 12-14 at the simulator's tiles (32 x 32 or 32 x 16, BK = 4): ragged
+# in M, N and K; one element; M = 1 with K under one BK tile; N = 1.
+SCHEDULE_SHAPES = [(17, 13, 9), (1, 1, 1), (1, 40, 3), (37, 1, 6)]
+
+
+@pytest.mark.parametrize("m, n, k", SCHEDULE_SHAPES)
+def test_schedule_versions_match_float64(m, n, k, rng):
+    versions = mm.schedule_versions()
+    assert [v.number for v in versions] == [12, 13, 14]
+    for v in versions:
+        _run_checked(v.launcher, m, n, k, rng)
+
+
+def _check_split_k(tile, splits, m, n, k, rng, repeat=False, launch=None):
+    """launch_warptiled (or ``launch(tile, splits, workspace, a, b, c)``) at
+    ``splits`` against float64, its split-K workspace poisoned (NaN) first, so a
+    partial that no split wrote, or that the reduce reads past, fails the check.
+    With ``repeat``, a second run must give the same bits (a fixed-order reduce,
+    no atomics)."""
+    launch = launch or mm.launch_warptiled
+    a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
+    workspace = mm.SplitKWorkspace()
+    workspace.buffer = cuda.to_device(np.full(splits * m * n + 64, np.nan, np.float32))
+    out = guarded((m, n), np.float32)
+    launch(tile, splits, workspace, a, b, out.array)
+    name = f"{m}x{n}x{k} {tile} splits={splits}"
+    check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5, name=name)
+    out.check_untouched(name)
+    if repeat:
+        first = out.array.copy_to_host()
+        launch(tile, splits, workspace, a, b, out.array)
+        assert np.array_equal(first.view(np.uint32), out.array.copy_to_host().view(np.uint32))
+
+
+def _fast_split(factory=None):
+    """A launcher (tile, splits, workspace, a, b, c) running version 10's unguarded
+    kernel (or ``factory``'s) split, as versions 13-14 do at version 11's tile."""
+
+    def launch(tile, splits, workspace, a, b, c):
+        kernel = (factory or mm.make_matmul_unguarded)(tile)
+        mm.launch_fast_split(kernel, tile, splits, workspace, a, b, c)
+
+    return launch
+
+
+def test_fast_kernel_split_k(rng):
+    """Version 11's kernel on a grid of S layers: K of 5 tiles split 2, 3 and 5 ways
+    (uneven ranges), two blocks each way, bit-identical when run twice."""
+    tile = mm.TUNE_SHAPES[0]
+    for splits in (2, 3, 5):
+        _check_split_k(
+            tile, splits, 2 * tile.bm, 2 * tile.bn, 5 * tile.bk, rng, splits == 3, _fast_split()
+        )
+
+
+def test_fast_kernel_split_k_with_overlapping_ranges_fails(rng, tmp_path):
+    factory = mutant(
+        tmp_path,
+        mm.make_matmul_unguarded,
+        ("k0 = (z * (k_total // BK) // splits) * BK", "k0 = 0  # wrong: ranges overlap"),
+    )
+    tile = mm.TUNE_SHAPES[0]
+    with pytest.raises(CheckError):
+        _check_split_k(tile, 2, tile.bm, tile.bn, 5 * tile.bk, rng, launch=_fast_split(factory))
+
+
+def test_fast_kernel_split_k_refuses_ragged_shapes_and_empty_splits(rng):
+    tile = mm.TUNE_SHAPES[0]
+    kernel = mm.make_matmul_unguarded(tile)
+    for (m, n, k), splits in [
+        ((tile.bm + 1, tile.bn, 4 * tile.bk), 2),
+        ((tile.bm, tile.bn, 2 * tile.bk), 3),
+    ]:
+        _, _, a, b = mm.random_operands(m, n, k, rng)
+        c = cuda.device_array((m, n), np.float32)
+        with pytest.raises(ValueError, match="launch_fast_split needs"):
+            mm.launch_fast_split(kernel, tile, splits, mm.SplitKWorkspace(), a, b, c)
+
+
+def test_schedule_versions_on_version_11(rng):
+    """Versions 13-14 built on version 11: a shape its tile divides with few blocks
+    (split by the schedule on the simulator's 2 SMs), and ragged shapes, which run on
+    the guarded warp-tiled kernel."""
+    tile = mm.TUNE_SHAPES[0]
+    tuned = mm.replace(mm.make_matmul_fast(tile), number=11)
+    versions = mm.schedule_versions(tuned)
+    m, n, k = tile.bm, tile.bn, 16 * tile.bk
+    assert versions[1].launcher.schedule(m, n, k)[0] == tile
+    assert versions[1].launcher.schedule(m, n, k)[1] > 1
+    for v in versions[1:]:
+        for shape in [(m, n, k), (17, 13, 9), (1, 1, 1)]:
+            _run_checked(v.launcher, *shape, rng)
+
+
+# K = 4 * BK + 1 is 5 K tiles, the last one partial (17 in the simulator, BK = 4).
+def _ragged_k(tile):
+    return 4 * tile.bk + 1
+
+
+def test_split_k_every_split_count(rng):
+    """K of 5 tiles: splits 2, 3 and 5 give uneven ranges (2 + 3, 1 + 2 + 2, 1 each);
+    then the unguarded kernel (a shape the tile divides) with 3 splits of 4 tiles.
+    Split 1 is version 12's test."""
+    tile = mm.SCHEDULE_TILES[0]
+    for splits in (2, 3, 5):
+        _check_split_k(tile, splits, 9, 20, _ragged_k(tile), rng, repeat=splits == 5)
+    _check_split_k(tile, 3, tile.bm, tile.bn, 4 * tile.bk, rng)
+
+
+def test_split_k_refuses_splits_without_a_k_tile(rng):
+    tile = mm.SCHEDULE_TILES[0]
+    k = 2 * tile.bk + 1  # 3 K tiles
+    _, _, a, b = mm.random_operands(5, 6, k, rng)
+    c = cuda.device_array((5, 6), np.float32)
+    for splits in (0, 4):
+        with pytest.raises(ValueError, match=r"splits must be between 1 and .* = 3"):
+            mm.launch_warptiled(tile, splits, mm.SplitKWorkspace(), a, b, c)
+
+
+def test_split_k_reduce_skipping_the_last_split_fails(rng, monkeypatch, tmp_path):
+    src = textwrap.dedent(inspect.getsource(mm.matmul_splitk_reduce.py_func))
+    old = "range(1, splits):"
+    assert old in src, "matmul_splitk_reduce changed: update the test"
+    path = tmp_path / "splitk_reduce_mutant.py"
+    path.write_text(src.replace(old, "range(1, splits - 1):  # wrong: the last split is lost"))
+    namespace = dict(mm.matmul_splitk_reduce.py_func.__globals__)
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    monkeypatch.setattr(mm, "matmul_splitk_reduce", namespace["matmul_splitk_reduce"])
+    with pytest.raises(CheckError):
+        _check_split_k(mm.SCHEDULE_TILES[0], 3, 9, 20, _ragged_k(mm.SCHEDULE_TILES[0]), rng)
+
+
+def test_split_k_with_overlapping_ranges_fails(rng, tmp_path):
+    """Every split summing from K = 0 (ranges that overlap) counts tiles twice."""
+    factory = mutant(
+        tmp_path,
+        mm.make_matmul_warptiled_guarded,
+        ("k_begin = (z * k_tiles // splits) * BK", "k_begin = 0  # wrong: ranges overlap"),
+    )
+    tile = mm.SCHEDULE_TILES[0]
+    a_h, b_h, a, b = mm.random_operands(9, 40, _ragged_k(tile), rng)
+    workspace = mm.SplitKWorkspace()
+    out = guarded((9, 40), np.float32)
+    kernel = factory(tile)
+    partials = workspace.partials(2, 9, 40)
+    kernel[(ceil_div(40, tile.bn), ceil_div(9, tile.bm), 2), tile.threads](
+        a, b, partials.reshape(2, 9, 40)
+    )
+    mm.matmul_splitk_reduce[1, 9 * 40](partials, out.array.reshape(9 * 40), 9 * 40, 2)
+    with pytest.raises(CheckError):
+        check(out.array, mm.matmul_reference(a_h, b_h), tol=1e-5)
+
+
+# The H100's 132 SMs, and an H100 PCIe's 114: one wave is 264 or 228 blocks of 2 per SM.
+T128, T128X64, T64 = mm.GPU_SCHEDULE_TILES
+
+
+@pytest.mark.parametrize(
+    "m, n, k, sms, want",
+    [
+        (4096, 4096, 4096, 132, (T128, 1)),  # 1024 blocks: 3.9 waves
+        (2048, 2048, 2048, 132, (T128, 1)),  # 256 blocks: 0.97 of a wave
+        (1024, 1024, 1024, 132, (T128, 4)),  # 64 blocks: split K in 4 (16 K tiles each)
+        (4096, 4096, 256, 132, (T128, 1)),  # small K, but 1024 blocks
+        (256, 4096, 4096, 132, (T128, 4)),  # small M: 64 blocks, long K
+        (1024, 1024, 1024, 114, (T64, 1)),  # 3 splits fill 192 of 228: 64 x 64 tiles instead
+        (1024, 1024, 64, 132, (T64, 1)),  # 4 K tiles: no split keeps MIN_K_TILES each
+        (128, 128, 4096, 132, (T64, 16)),  # 16 splits of 1-4 blocks: the smallest tile
+        (1, 1, 1, 132, (T64, 1)),  # nothing fills a wave: the smallest tile
+    ],
+)
+def test_choose_schedule(m, n, k, sms, want):
+    assert mm.choose_schedule(m, n, k, sms, mm.GPU_SCHEDULE_TILES) == want
+
+
+def test_choose_schedule_rules():
+    for m in (1, 100, 256, 1000):
+        for n in (1, 64, 777, 4096):
+            for k in (1, 15, 64, 1000, 20000):
+                tile, splits = mm.choose_schedule(m, n, k, 132, mm.GPU_SCHEDULE_TILES)
+                k_tiles = ceil_div(k, tile.bk)
+                assert 1 <= splits <= min(mm.MAX_SPLITS, max(1, k_tiles // mm.MIN_K_TILES))
+                blocks = ceil_div(m, tile.bm) * ceil_div(n, tile.bn)
+                assert splits == 1 or blocks * splits <= 132 * tile.min_blocks  # one wave at most
+    for bad in ((0, 4, 4, 132), (4, 4, 4, 0)):
+        with pytest.raises(ValueError):
+            mm.choose_schedule(*bad, mm.GPU_SCHEDULE_TILES)

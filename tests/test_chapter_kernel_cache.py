@@ -40,6 +40,8 @@ NOT_CACHED = {
     ),
     ("08_faster_matmul/matmul.py", "matmul_double_buffered"): _BOUNDS,
     ("08_faster_matmul/matmul.py", "matmul_unguarded"): _BOUNDS,
+    ("08_faster_matmul/matmul.py", "matmul_warptiled"): _BOUNDS,
+    ("08_faster_matmul/matmul.py", "matmul_warptiled_guarded"): _BOUNDS,
     ("09_profiling/case_study.py", "bn_relu_maxpool_backward_reduce_divisions"): (
         f"calls final_project/fast_layers.py's tree_sum_pair, {_OTHER_FILE}"
     ),
