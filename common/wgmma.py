@@ -58,6 +58,18 @@ in flight) before the accumulators are read or a group's shared memory is
 overwritten. All 128 threads of a warpgroup execute every one of these calls
 together.
 
+Copies (sm_80+, used to fill the tiles): ``cp_async_4`` / ``cp_async_16`` (dst shared
+address, array, flat element index, bytes to read: the rest of the 4 or 16 written as
+zeros, so edges need no branch) copy global memory straight to shared memory without
+passing through registers; ``cp_async_commit`` closes a group of them and
+``cp_async_wait{n}`` (n = 0..3) waits until at most n groups are still in flight.
+
+The intrinsics, by name (:func:`intrinsic_named`): ``wgmma_{tf32,bf16,f16}_m64n{64,128,256}``
+(acc, desc_a, desc_b) -> acc, ``wgmma_zeros_{64,128,256}``, ``make_descriptor``,
+``shared_address``, ``store_accumulators``, ``fence_proxy_async``, ``wgmma_fence``,
+``wgmma_commit``, ``wgmma_wait0``, ``wgmma_wait1``, ``cp_async_4``, ``cp_async_16``,
+``cp_async_commit``, ``cp_async_wait0`` .. ``cp_async_wait3``.
+
 No simulator: the Numba CUDA simulator cannot run PTX, and these calls are
 asynchronous across a warpgroup, so a kernel using them runs only on an H100 /
 H200. :func:`wgmma_reference` is the NumPy model of one call (descriptors decoded
@@ -328,40 +340,27 @@ def _gpu_intrinsics() -> dict[str, Any]:
     def make_wait(groups: int) -> Any:
         return asm_statement(f"wgmma.wait_group.sync.aligned {groups};")
 
-    @intrinsic
-    def cp_async_4(typingctx, dst, array, index, nbytes):
-        """Copy 4 bytes from array.flat[index] to shared byte address dst without
-        passing through registers; nbytes 0 writes zeros instead (reads nothing)."""
-        sig = types.void(types.uint32, array, types.int64, types.uint32)
+    def make_cp_async(size: int, cache: str) -> Any:
+        """An intrinsic (dst, array, index, nbytes): copy ``size`` bytes from
+        array.flat[index] on (``size``-byte aligned) to shared byte address dst,
+        without passing through registers; only the first nbytes (0..size) are
+        read, the rest written as zeros (nbytes 0 reads nothing)."""
+        text = f"cp.async.{cache}.shared.global [$0], [$1], {size}, $2;"
 
-        def codegen(context, builder, signature, args):
-            data = context.make_array(signature.args[1])(context, builder, args[1]).data
-            source = builder.ptrtoint(builder.gep(data, [args[2]]), i64)
-            fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
-            text = "cp.async.ca.shared.global [$0], [$1], 4, $2;"
-            asm = ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True)
-            builder.call(asm, [args[0], source, args[3]])
-            return context.get_dummy_value()
+        def cp_async(typingctx, dst, array, index, nbytes):
+            sig = types.void(types.uint32, array, types.int64, types.uint32)
 
-        return sig, codegen
+            def codegen(context, builder, signature, args):
+                data = context.make_array(signature.args[1])(context, builder, args[1]).data
+                source = builder.ptrtoint(builder.gep(data, [args[2]]), i64)
+                fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+                asm = ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True)
+                builder.call(asm, [args[0], source, args[3]])
+                return context.get_dummy_value()
 
-    @intrinsic
-    def cp_async_16(typingctx, dst, array, index, nbytes):
-        """Copy 16 bytes from array.flat[index] on (16-byte aligned) to shared byte
-        address dst (16-byte aligned); only the first nbytes (0..16) are read, the
-        rest of the 16 written as zeros."""
-        sig = types.void(types.uint32, array, types.int64, types.uint32)
+            return sig, codegen
 
-        def codegen(context, builder, signature, args):
-            data = context.make_array(signature.args[1])(context, builder, args[1]).data
-            source = builder.ptrtoint(builder.gep(data, [args[2]]), i64)
-            fnty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
-            text = "cp.async.cg.shared.global [$0], [$1], 16, $2;"
-            asm = ir.InlineAsm(fnty, text, "r,l,r,~{memory}", side_effect=True)
-            builder.call(asm, [args[0], source, args[3]])
-            return context.get_dummy_value()
-
-        return sig, codegen
+        return intrinsic(cp_async)
 
     functions = {
         "shared_address": shared_address,
@@ -372,8 +371,9 @@ def _gpu_intrinsics() -> dict[str, Any]:
         "wgmma_commit": asm_statement("wgmma.commit_group.sync.aligned;"),
         "wgmma_wait0": make_wait(0),
         "wgmma_wait1": make_wait(1),
-        "cp_async_4": cp_async_4,
-        "cp_async_16": cp_async_16,
+        # .ca (through L1) is the only form for 4 bytes; .cg (L2 only) for 16
+        "cp_async_4": make_cp_async(4, "ca"),
+        "cp_async_16": make_cp_async(16, "cg"),
         "cp_async_commit": asm_statement("cp.async.commit_group;"),
     }
     for groups in range(4):
