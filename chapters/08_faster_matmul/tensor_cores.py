@@ -997,6 +997,8 @@ def main(argv=None):
         "every version is checked against the float64 product, with a tolerance derived "
         "from its precision, then timed"
     )
+    if not has_wgmma():
+        print("version 3 (wgmma) needs a Hopper GPU (compute capability 9.0): not run here")
     flat = []
     for size in sizes:
         for precision in args.precisions:
