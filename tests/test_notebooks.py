@@ -8,9 +8,10 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
+# nbformat is imported by the tests that use it, not here: importing it (jsonschema's
+# format grammars) costs 2-3 s of each pytest process's collection.
 PATHS = notebooks.notebook_paths()
 IDS = [p.parent.name for p in PATHS]
 
@@ -50,6 +51,8 @@ def test_notebook_runs_clean_in_the_simulator(path, shared_kernel):
 
 @pytest.mark.parametrize("path", PATHS, ids=IDS)
 def test_notebook_opens_with_the_course_cells_and_copies_no_kernel(path):
+    import nbformat
+
     nb = nbformat.read(path, as_version=4)
     first, second = nb.cells[0], nb.cells[1]
     assert first.cell_type == "markdown" and first.source.startswith("# ")
@@ -67,6 +70,8 @@ def test_a_cell_skipped_in_the_simulator_makes_its_tests_call(path):
     """A cell tagged CHECKED_BY_A_TEST is skipped by the simulator check above, so the
     test its ``checked_by`` names must exist and make the cell's calls itself."""
     import ast
+
+    import nbformat
 
     for cell in nbformat.read(path, as_version=4).cells:
         if notebooks.CHECKED_BY_A_TEST not in cell.metadata.get("tags", []):
@@ -119,11 +124,15 @@ def committed_run_problems(nb) -> list[str]:
 def test_committed_outputs_come_from_a_gpu_run_that_names_the_gpu(path):
     # Committed outputs come from one GPU run (`python -m common.notebooks` there);
     # the simulator times nothing, so its outputs must never be saved.
+    import nbformat
+
     problems = committed_run_problems(nbformat.read(path, as_version=4))
     assert not problems, f"{path.relative_to(notebooks.ROOT)}: " + "; ".join(problems)
 
 
 def test_committed_run_check_refuses_simulator_partial_and_failed_runs():
+    import nbformat
+
     def run(banner: str, counts=(1, 2), error: bool = False):
         nb = nbformat.v4.new_notebook()
         cells = [nbformat.v4.new_code_cell("print(banner())"), nbformat.v4.new_code_cell("x")]
@@ -179,6 +188,8 @@ def test_readme_links_its_notebook(path):
 
 
 def test_strip_volatile_keeps_outputs_and_drops_timestamps():
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("print(1)", execution_count=1)
     cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
@@ -194,6 +205,7 @@ def test_strip_volatile_keeps_outputs_and_drops_timestamps():
 
 
 def test_a_failing_cell_fails_the_run(tmp_path):
+    import nbformat
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.v4.new_notebook()
@@ -229,6 +241,7 @@ def test_a_shared_kernel_clears_names_and_switches_the_race_detector(tmp_path, s
     """A notebook that uses a name only an earlier notebook defined must fail, as it
     would in a fresh kernel; each runs in its own folder; the race detector is on or
     off as asked."""
+    import nbformat
     from nbclient.exceptions import CellExecutionError
 
     racy = (
@@ -261,6 +274,8 @@ def test_a_shared_kernel_clears_names_and_switches_the_race_detector(tmp_path, s
 
 
 def test_simulator_false_means_the_gpu(tmp_path, monkeypatch):
+    import nbformat
+
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell("print(1)")]
     path = tmp_path / "notebook.ipynb"
