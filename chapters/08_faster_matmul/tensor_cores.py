@@ -16,7 +16,8 @@ version 3  wgmma_block_tile (Hopper only, common/wgmma.py): two warpgroups a 128
            a cp.async pipeline of 3-4 stages, one syncthreads a K-slice. TF32 reads
            float32 as stored (the tensor cores truncate); BF16 / FP16 take operands
            stored in that format (converted once, untimed, as cuBLAS's are); B as
-           (K, N) or transposed, (N, K)
+           (K, N) (copied 4 bytes at a time to its transposed place, or transposed by
+           chapter 06's kernel on every call) or stored transposed, (N, K)
 baselines  cuBLAS in the same precision (torch.matmul: TF32 allowed on float32 tensors,
            or BF16 / FP16 tensors, FP32 accumulate) and chapter 12's Triton kernel
            (TF32, FP16) where Triton runs, measured in the same run
@@ -46,7 +47,7 @@ Multiply-Accumulate Instructions".
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common import import_sibling
+from common import import_sibling, load_chapter_module
 from common import tensor_cores as tc
 from common import wgmma as wg
 from common.checking import EPS32, rounding_tolerance
@@ -63,6 +64,7 @@ from numba import cuda, float32, typeof, uint32
 
 mm = import_sibling(__file__, "matmul")  # operands, checks and the float64 reference
 tools = import_sibling(__file__, "matmul_tools")
+ch06 = load_chapter_module("06_memory", "transpose")  # version 3's transposes of B
 
 CHAPTER = "08_faster_matmul"
 PRECISIONS = ("tf32", "bf16", "f16")
@@ -441,7 +443,9 @@ class WgTile:
     tile of C in K-slices of 32 registers' words (one 128-byte swizzled row a tile
     row: 32 TF32 or 64 BF16 / FP16 values), ``stages`` slices in shared memory at
     once. ``b_layout``: "kn" for B as (K, N) (TF32 only: each value copied to its
-    transposed place), "nk" for B given transposed, (N, K), as a linear layer's
+    transposed place), "kn-t" for B as (K, N) transposed by a separate kernel on every
+    call (chapter 06's tiled transpose; TF32 only, timed with the product), "nk" for
+    B given transposed, (N, K), as a linear layer's
     weight is stored."""
 
     bn: int = 128
@@ -455,7 +459,12 @@ class WgTile:
 
 
 WG_BM, WG_KW, WG_THREADS = 128, wg.ROW_WORDS, 256
-WG_TILES = (WgTile(128, 4, "kn"), WgTile(128, 3, "nk", 2), WgTile(256, 4, "nk"))
+WG_TILES = (
+    WgTile(128, 4, "kn"),
+    WgTile(256, 4, "kn-t"),
+    WgTile(128, 3, "nk", 2),
+    WgTile(256, 4, "nk"),
+)
 
 
 def wgmma_shared_bytes(tile):
@@ -485,10 +494,10 @@ def make_wgmma_block_tile(precision, tile, wide=True):
     which the wait at the end of the previous slice and the barrier at the top of
     this one have freed: one syncthreads a slice."""
     per_word, _ = wg.PRECISIONS[precision]
-    if tile.b_layout not in ("kn", "nk") or (per_word == 2 and tile.b_layout != "nk"):
+    if tile.b_layout not in ("kn", "kn-t", "nk") or (per_word == 2 and tile.b_layout != "nk"):
         raise ValueError(f"version 3 in {precision} takes B as 'nk' (TF32 also 'kn'), got {tile}")
     BN, PW, STAGES, THREADS = tile.bn, per_word, tile.stages, WG_THREADS
-    NK = tile.b_layout == "nk"
+    NK = tile.b_layout != "kn"  # "kn-t": the launcher transposes B first
     WIDE = wide
     A_BYTES = WG_BM * wg.ROW_BYTES
     STAGE_BYTES = (WG_BM + BN) * wg.ROW_BYTES
@@ -664,7 +673,8 @@ def launch_block_tile(kernel, tile, a, b, c):
 
 class WgmmaLauncher:
     """Version 3 as a launcher ``(a, b, c)`` on the chapter's operands (float32 A
-    (M, K), B (K, N)): TF32 with B "kn" launches on them directly; otherwise the
+    (M, K), B (K, N)): TF32 with B "kn" launches on them directly; "kn-t" transposes
+    B into a kept buffer on every call (timed with the product); otherwise the
     operands are first converted once, on the GPU, and kept (keyed by the arrays'
     identity, as the cuBLAS baseline keeps its BF16 copies): B transposed to
     (N, K), BF16 / FP16 rounded to nearest even and stored as uint16 bits, K padded
@@ -680,6 +690,16 @@ class WgmmaLauncher:
         self.nbytes = wgmma_shared_bytes(tile)
         self._operands = {}  # id(a), id(b) -> (a, b, converted a, converted b)
         self._ready = set()
+        self._bt = None  # "kn-t": the transposed B, kept between calls
+
+    def _transposed(self, b):
+        """B (K, N) transposed into a kept (N, K) buffer by chapter 06's fastest
+        transpose (shared-memory tiles, unsigned indices)."""
+        shape = (b.shape[1], b.shape[0])
+        if self._bt is None or self._bt.shape != shape:
+            self._bt = cuda.device_array(shape, np.float32)
+        ch06.transpose(ch06.transpose_smem_unsigned, b, self._bt)
+        return self._bt
 
     def _convert(self, a, b):
         key = (id(a), id(b))
@@ -690,7 +710,9 @@ class WgmmaLauncher:
         return self._operands[key][2:]
 
     def __call__(self, a, b, c):
-        if self.precision != "tf32" or self.tile.b_layout != "kn":
+        if self.tile.b_layout == "kn-t":  # every call, timed with the product
+            b = self._transposed(b)
+        elif self.precision != "tf32" or self.tile.b_layout != "kn":
             a, b = self._convert(a, b)
         wide = (a.shape[1] * a.dtype.itemsize) % 16 == 0
         kernel = self.kernels[wide]
@@ -716,13 +738,6 @@ def _to_half_bits(x, out, transpose, bf16):
         out[i, j] = word & 0xFFFF
 
 
-@jit(cache=True)
-def _transpose(x, out):
-    i, j = cuda.grid(2)
-    if i < out.shape[0] and j < out.shape[1]:
-        out[i, j] = x[j, i]
-
-
 def convert_operands(a, b, precision, b_layout):
     """Version 3's operands from float32 device arrays A (M, K), B (K, N): TF32 "nk":
     (A, B transposed); BF16 / FP16: (A, B transposed) as uint16 bits, K padded with
@@ -731,7 +746,7 @@ def convert_operands(a, b, precision, b_layout):
     n = b.shape[1]
     if precision == "tf32":
         bt = cuda.device_array((n, k), np.float32)
-        _transpose[(ceil_div(n, 16), ceil_div(k, 16)), (16, 16)](b, bt)
+        ch06.transpose(ch06.transpose_smem_unsigned, b, bt)
         return a, bt
     k2 = ceil_div(k, 8) * 8  # rows of 16 bytes: version 3's 16-byte copies
     a16 = cuda.device_array((m, k2), np.uint16)
@@ -943,6 +958,7 @@ def run_size(size, precision, rng, peaks, quick, with_cublas):
             repeats=repeats,
             peaks=peaks,
             print_table=False,
+            hold_ms=mm.HOLD_MS,  # GPU time, as matmul.py ("kn-t" is two launches a call)
         )
     # against the faster of cuBLAS's two layouts (one where only one was timed)
     cublas = [r.tflops for r in results if r.name.startswith(cublas_label(precision)[:-1])]
