@@ -48,10 +48,10 @@ def test_script_main_writes_json(tmp_path):
 
 def test_benchmark_writes_table_json_and_plot(tmp_path):
     bench = load_chapter_module(CH, "benchmark")
-    bench.main(["--out", str(tmp_path), "--only", "fusion,transpose", "--smoke"])
+    bench.main(["--out", str(tmp_path), "--only", "fusion,reduction", "--smoke"])
     payload = json.loads((tmp_path / "benchmark.json").read_text())
-    assert {r["extra"]["pattern"] for r in payload["results"]} == {"fusion", "transpose"}
-    assert {row["pattern"] for row in payload["meta"]["bar"]} == {"fusion", "transpose"}
+    assert {r["extra"]["pattern"] for r in payload["results"]} == {"fusion", "reduction"}
+    assert {row["pattern"] for row in payload["meta"]["bar"]} == {"fusion", "reduction"}
     assert (tmp_path / "benchmark.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         bench.main(["--out", str(tmp_path), "--only", "nonsense"])
