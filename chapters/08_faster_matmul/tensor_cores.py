@@ -478,13 +478,15 @@ def make_wgmma_block_tile(precision, tile, wide=True):
     (two warpgroups) a 128 x ``tile.bn`` tile of C, launched with
     ``wgmma_shared_bytes(tile)`` of dynamic shared memory.
 
-    Operands: TF32: a float32 (M, K), b float32 (K, N) ("kn") or (N, K) ("nk"); the
+    Operands: TF32: a float32 (M, K), b float32 (K, N) ("kn") or (N, K) ("nk", and
+    "kn-t", whose launcher transposes B first); the
     tensor cores read each float32's upper 19 bits (truncation to TF32, as cuBLAS's
     TF32 mode). BF16 / FP16: a and b uint16 bit patterns, (M, K) and (N, K) ("nk"
     only), K even (register words of two values). c float32 (M, N).
 
-    Copies: ``cp.async`` (4 bytes a thread, global memory straight to shared memory,
-    zeros past the edges) keeps ``stages - 2`` slices in flight while one is being
+    Copies: ``cp.async`` (global memory straight to shared memory, zeros past the
+    edges; 16 bytes a copy with ``wide``, which needs every row of A and of B "nk"
+    16-byte aligned, else 4) keeps ``stages - 2`` slices in flight while one is being
     multiplied and the previous one may still be read by the tensor cores. A's 32
     consecutive threads take one row's 32 words (coalesced; the swizzle spreads a
     row over all 32 banks); B "kn": 8 consecutive columns x 4 words (32-byte
@@ -495,7 +497,9 @@ def make_wgmma_block_tile(precision, tile, wide=True):
     this one have freed: one syncthreads a slice."""
     per_word, _ = wg.PRECISIONS[precision]
     if tile.b_layout not in ("kn", "kn-t", "nk") or (per_word == 2 and tile.b_layout != "nk"):
-        raise ValueError(f"version 3 in {precision} takes B as 'nk' (TF32 also 'kn'), got {tile}")
+        raise ValueError(
+            f"version 3 in {precision} takes B as 'nk' (TF32 also 'kn', 'kn-t'), got {tile}"
+        )
     BN, PW, STAGES, THREADS = tile.bn, per_word, tile.stages, WG_THREADS
     NK = tile.b_layout != "kn"  # "kn-t": the launcher transposes B first
     WIDE = wide
@@ -514,12 +518,11 @@ def make_wgmma_block_tile(precision, tile, wide=True):
     wgmma_wait1 = wg.intrinsic_named("wgmma_wait1")
     store_accumulators = wg.intrinsic_named("store_accumulators")
     cp_async_4 = wg.intrinsic_named("cp_async_4")
+    cp_async_16 = wg.intrinsic_named("cp_async_16")
     cp_async_commit = wg.intrinsic_named("cp_async_commit")
     cp_async_wait = wg.intrinsic_named(f"cp_async_wait{STAGES - 3}")
     swizzle = jit(device=True, forceinline=True)(wg.swizzle_offset)
     assert STAGES >= 3
-
-    cp_async_16 = wg.intrinsic_named("cp_async_16")
 
     @jit(device=True, forceinline=True)
     def copy_rows_wide(x, dst, w0, r0, rows, tid, off):
