@@ -26,11 +26,10 @@ def _tile_words(rng, rows, precision):
     values = values.astype(np.float32)
     if precision == "tf32":
         return values.view(np.uint32), values.astype(np.float64)
-    halves = values.astype(np.float16) if precision == "f16" else None
-    if precision == "bf16":
+    if precision == "bf16":  # small integers are exact in BF16: a float32's upper half
         bits = (values.view(np.uint32) >> 16).astype(np.uint16)
     else:
-        bits = halves.view(np.uint16)
+        bits = values.astype(np.float16).view(np.uint16)
     words = bits[:, 0::2].astype(np.uint32) | (bits[:, 1::2].astype(np.uint32) << 16)
     return words, values.astype(np.float64)
 
