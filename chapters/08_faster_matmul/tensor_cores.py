@@ -691,7 +691,9 @@ class WgmmaLauncher:
             wide: make_wgmma_block_tile(precision, tile, wide) for wide in (True, False)
         }
         self.nbytes = wgmma_shared_bytes(tile)
-        self._operands = {}  # id(a), id(b) -> (a, b, converted a, converted b)
+        # the last operand pair and its conversion: (id(a), id(b)) -> (a, b, a', b');
+        # one entry, so a launcher reused across sizes keeps no earlier operands alive
+        self._operands = {}
         self._ready = set()
         self._bt = None  # "kn-t": the transposed B, kept between calls
 
@@ -707,6 +709,7 @@ class WgmmaLauncher:
     def _convert(self, a, b):
         key = (id(a), id(b))
         if key not in self._operands:
+            self._operands.clear()
             self._operands[key] = (a, b) + convert_operands(
                 a, b, self.precision, self.tile.b_layout
             )
@@ -923,16 +926,19 @@ def cublas_label(precision, b_layout="kn"):
 # --------------------------------------------------------------------------
 
 
-def run_size(size, precision, rng, peaks, quick, with_cublas):
-    """Check and time versions 1-2 in ``precision`` and the baselines at one
-    (M, N, K); returns a list of Timing with ``extra["fraction_of_cublas"]``."""
+def run_size(size, precision, rng, peaks, quick, with_cublas, chosen=None):
+    """Check and time ``chosen`` (a list of Version in ``precision``; default
+    ``versions(precision)``) and the baselines at one (M, N, K); returns a list of
+    Timing with ``extra["fraction_of_cublas"]``. Pass the same list for every size:
+    each call of ``versions`` builds new kernels, compiled again at first use."""
     m, n, k = size
     a_h, b_h, a, b = mm.random_operands(m, n, k, rng)
     ref = mm.matmul_reference(a_h, b_h)
     # cuBLAS and Triton may truncate TF32 inputs (2^-10) instead of rounding them.
     theirs = tolerance(a_h, b_h, ref, 2 * tc.UNIT_ROUNDOFF[precision])
     rows = [
-        (v.label, v.launcher, tolerance(a_h, b_h, ref, v.input_unit)) for v in versions(precision)
+        (v.label, v.launcher, tolerance(a_h, b_h, ref, v.input_unit))
+        for v in (chosen or versions(precision))
     ]
     if with_cublas:
         rows.append((cublas_label(precision), CublasSamePrecision(precision), theirs))
@@ -1018,10 +1024,13 @@ def main(argv=None):
     )
     if not has_wgmma():
         print("version 3 (wgmma) needs a Hopper GPU (compute capability 9.0): not run here")
+    built = {p: versions(p) for p in args.precisions}  # kernels compiled once, all sizes
     flat = []
     for size in sizes:
         for precision in args.precisions:
-            results = run_size(size, precision, rng, peaks, args.quick, with_cublas)
+            results = run_size(
+                size, precision, rng, peaks, args.quick, with_cublas, built[precision]
+            )
             m, n, k = size
             print(
                 format_table(
