@@ -435,7 +435,7 @@ def bn_backward_partial_rows(n: int, h_out: int, w_out: int) -> int:
 
 
 def bn_relu_maxpool_backward_reduce(
-    dpooled, argmax, z, mean, invstd, scale, shift, partials, stream=0
+    dpooled, argmax, z, mean, invstd, scale, shift, partials, stream=0, kernel=None
 ) -> None:
     """Per-block partial sums of dgamma = sum(dy * xhat) and dbeta = sum(dy) of a
     BN -> ReLU -> max-pool block, where dy is dpooled routed back through the pool
@@ -443,11 +443,14 @@ def bn_relu_maxpool_backward_reduce(
 
     dpooled (N, C, H/2, W/2), argmax int8 and z (N, C, H, W) as written by
     :func:`bn_relu_maxpool_forward`; partials (P, 2, C) float64 with
-    P = :func:`bn_backward_partial_rows`; every row is written.
+    P = :func:`bn_backward_partial_rows`; every row is written. ``kernel``: one
+    from :func:`make_bn_backward_reduce` (``BN_REDUCE_BLOCK`` threads) in place of
+    the module's, for tests that launch a broken one.
     """
     n, c, h_out, w_out = dpooled.shape
     per = bn_backward_images_per_block(n, h_out, w_out)
-    bn_relu_maxpool_backward_reduce_kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
+    kernel = kernel or bn_relu_maxpool_backward_reduce_kernel
+    kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
         dpooled, argmax, z, mean, invstd, scale, shift, per, partials
     )
 
@@ -542,15 +545,18 @@ bn_relu_maxpool_backward_reduce_winners_kernel = make_bn_backward_reduce_winners
 
 
 def bn_relu_maxpool_backward_reduce_winners(
-    dpooled, zwin, mean, invstd, scale, shift, partials, stream=0
+    dpooled, zwin, mean, invstd, scale, shift, partials, stream=0, kernel=None
 ) -> None:
     """As :func:`bn_relu_maxpool_backward_reduce`, from zwin (N, C, H/2, W/2)
     float32 (the winners' conv outputs, written by :func:`bn_relu_maxpool_forward`
     with ``zwin``) instead of argmax and z. partials (P, 2, C) float64, P =
-    :func:`bn_backward_partial_rows`; every row is written."""
+    :func:`bn_backward_partial_rows`; every row is written. ``kernel``: one from
+    :func:`make_bn_backward_reduce_winners` (``BN_REDUCE_BLOCK`` threads) in place
+    of the module's, for tests that launch a broken one."""
     n, c, h_out, w_out = dpooled.shape
     per = bn_backward_images_per_block(n, h_out, w_out)
-    bn_relu_maxpool_backward_reduce_winners_kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
+    kernel = kernel or bn_relu_maxpool_backward_reduce_winners_kernel
+    kernel[(c, ceil_div(n, per)), BN_REDUCE_BLOCK, stream](
         dpooled.reshape(dpooled.size),
         zwin.reshape(zwin.size),
         n,

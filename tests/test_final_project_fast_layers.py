@@ -17,6 +17,7 @@ from common.internal.float32_purity import float64_uses, recording_launches
 from common.runtime import ceil_div, is_simulator
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -350,12 +351,7 @@ def test_relu_zero_check_catches_open_mask_in_backward_reduce(rng):
         ("if second and z2 * sc + sh > zero:", "if second and z2 * sc + sh >= zero:"),
     )(fl.BN_REDUCE_BLOCK)
 
-    def broken(dpooled, argmax, z, mean, invstd, scale, shift, partials):
-        n, c, h_out, w_out = dpooled.shape
-        per = fl.bn_backward_images_per_block(n, h_out, w_out)
-        kernel[(c, ceil_div(n, per)), fl.BN_REDUCE_BLOCK](
-            dpooled, argmax, z, mean, invstd, scale, shift, per, partials
-        )
+    broken = partial(fl.bn_relu_maxpool_backward_reduce, kernel=kernel)
 
     with pytest.raises(CheckError, match="dgamma|dbeta"):
         check_bn_relu_maxpool(rng, _zero_preactivation_input(rng), zero_beta=(0,), reduce=broken)
@@ -367,23 +363,7 @@ def test_relu_zero_check_catches_open_mask_in_the_winners_reduce(rng):
         ("if z1 * sc + sh > zero:", "if z1 * sc + sh >= zero:"),
         ("if second and z2 * sc + sh > zero:", "if second and z2 * sc + sh >= zero:"),
     )(fl.BN_REDUCE_BLOCK)
-
-    def broken(dpooled, zwin, mean, invstd, scale, shift, partials):
-        n, c, h_out, w_out = dpooled.shape
-        per = fl.bn_backward_images_per_block(n, h_out, w_out)
-        kernel[(c, ceil_div(n, per)), fl.BN_REDUCE_BLOCK](
-            dpooled.reshape(dpooled.size),
-            zwin.reshape(zwin.size),
-            n,
-            c,
-            h_out * w_out,
-            mean,
-            invstd,
-            scale,
-            shift,
-            per,
-            partials,
-        )
+    broken = partial(fl.bn_relu_maxpool_backward_reduce_winners, kernel=kernel)
 
     with pytest.raises(CheckError, match="dgamma|dbeta"):
         check_bn_relu_maxpool(
