@@ -140,6 +140,26 @@ def positive_ints(text: str) -> list[int]:
     return values
 
 
+def comma_names(
+    choices: Sequence[str], normalize: Callable[[str], str] = str.strip
+) -> Callable[[str], list[str]]:
+    """An argparse ``type=`` for a comma list of names from ``choices``
+    ("tf32,bf16" -> ["tf32", "bf16"]); each name passes through ``normalize``
+    first (default: strip spaces). An empty list or an unknown name is the
+    error argparse prints (exit status 2), naming the choices."""
+
+    def parse(text: str) -> list[str]:
+        names = [normalize(part) for part in text.split(",") if part.strip()]
+        unknown = [name for name in names if name not in choices]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"bad list {text!r}: choose from {', '.join(choices)} (comma-separated)"
+            )
+        return names
+
+    return parse
+
+
 def script_parser(doc: str, chapter: str) -> argparse.ArgumentParser:
     """The parser every chapter script starts from: its description is the
     first line of ``doc`` (the script's docstring) and it has ``--out DIR``

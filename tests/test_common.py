@@ -501,6 +501,19 @@ def test_device_peaks_are_plausible():
 # ---------------------------------------------------------------- harness
 
 
+def test_comma_names_parses_choices_and_names_them_on_a_bad_list():
+    from common.harness import comma_names
+
+    import argparse
+
+    parse = comma_names(("tf32", "bf16", "f16"))
+    assert parse(" bf16, tf32 ,") == ["bf16", "tf32"]
+    assert comma_names(("a.py",), lambda s: s.strip() + ".py")("a") == ["a.py"]
+    for bad in ("", " , ", "tf32,fp8", "TF32"):
+        with pytest.raises(argparse.ArgumentTypeError, match="choose from tf32, bf16, f16"):
+            parse(bad)
+
+
 def _add(a, b, out, blocks=None):
     _add_kernel[blocks or ceil_div(out.size, 32), 32](a, b, out)
 

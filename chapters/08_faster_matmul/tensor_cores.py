@@ -51,11 +51,10 @@ from common import import_sibling, load_chapter_module
 from common import tensor_cores as tc
 from common import wgmma as wg
 from common.checking import EPS32, rounding_tolerance
-from common.harness import run_script, run_versions, save_results, script_parser
+from common.harness import comma_names, run_script, run_versions, save_results, script_parser
 from common.runtime import ceil_div, is_simulator, jit, pick
 from common.timing import device_peaks, format_table
 
-import argparse
 from dataclasses import dataclass
 from functools import partial
 
@@ -981,14 +980,6 @@ def run_size(size, precision, rng, peaks, quick, with_cublas, chosen=None):
     return results
 
 
-def parse_precisions(text):
-    """'tf32,bf16' -> ['tf32', 'bf16']; argparse.ArgumentTypeError for anything else."""
-    chosen = [p.strip() for p in text.split(",") if p.strip()]
-    if not chosen or any(p not in PRECISIONS for p in chosen):
-        raise argparse.ArgumentTypeError(f"bad list {text!r}: use some of {','.join(PRECISIONS)}")
-    return chosen
-
-
 def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
     parser.add_argument(
@@ -1001,7 +992,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="one size (1024), few repeats")
     parser.add_argument(
         "--precisions",
-        type=parse_precisions,
+        type=comma_names(PRECISIONS),
         default=list(PRECISIONS),
         help="comma list of tf32, bf16, f16 (default all)",
     )

@@ -42,11 +42,10 @@ and CUPTI takes one subscriber at a time.
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling
-from common.harness import positive_int, script_parser
+from common.harness import comma_names, positive_int, script_parser
 from common.runtime import device_name, is_simulator, pick, runtime_name
 from common.timing import format_table
 
-import argparse
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -191,14 +190,6 @@ def nsys_step(stepper: Stepper, warmup: int) -> float:
 # --------------------------------------------------------------------------
 
 
-def _config_list(text: str) -> list[str]:
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CONFIGS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(CONFIGS)}; got {text!r}")
-    return names
-
-
 def main(argv: list[str] | None = None) -> int:
     p = script_parser(__doc__, CHAPTER)
     p.add_argument(
@@ -209,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--configs",
-        type=_config_list,
+        type=comma_names(tuple(CONFIGS)),
         default=None,
         help="configurations, comma-separated (default naive,fast,graph; simulator naive,fast)",
     )

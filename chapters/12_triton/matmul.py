@@ -34,11 +34,10 @@ sec. 3.1 (inner products) and sec. 2.2 (the rounding model).
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling, load_chapter_module
 from common.checking import EPS32, check, rounding_tolerance
-from common.harness import positive_int, run_script, save_results, script_parser
+from common.harness import comma_names, positive_int, run_script, save_results, script_parser
 from common.runtime import is_simulator, pick
 from common.timing import benchmark, device_peaks, format_table, timed_call
 
-import argparse
 import contextlib
 from dataclasses import dataclass
 from functools import partial
@@ -481,13 +480,6 @@ def run(sizes=None, precisions=None, *, repeats=20, seed=0):
     return [t for results in all_results.values() for t in results]
 
 
-def parse_precisions(text):
-    names = [p.strip().lower() for p in text.split(",")]
-    if not names or set(names) - set(PRECISIONS):
-        raise argparse.ArgumentTypeError(f"bad precisions {text!r}: from {sorted(PRECISIONS)}")
-    return names
-
-
 def main(argv=None):
     parser = script_parser(__doc__, CHAPTER)
     parser.add_argument(
@@ -498,7 +490,7 @@ def main(argv=None):
     )
     parser.add_argument(
         "--precisions",
-        type=parse_precisions,
+        type=comma_names(tuple(PRECISIONS), lambda p: p.strip().lower()),
         default=None,
         help="comma list of fp32, tf32, fp16 (default all; fp32,fp16 interpreted)",
     )

@@ -18,10 +18,9 @@ Run:   python chapters/12_triton/summary.py [--only matmul,softmax] [--out DIR]
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import import_sibling
-from common.harness import run_script, save_results, script_parser
+from common.harness import comma_names, run_script, save_results, script_parser
 from common.timing import format_table
 
-import argparse
 import inspect
 import re
 import types
@@ -215,21 +214,11 @@ def summarize(scripts=SCRIPTS, runners=None):
     return rows, records, notes
 
 
-def parse_only(text):
-    names = [s.strip().removesuffix(".py") for s in text.split(",") if s.strip()]
-    unknown = set(names) - set(SCRIPTS)
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(
-            f"--only {text!r}: choose from {', '.join(SCRIPTS)} (comma-separated)"
-        )
-    return names
-
-
 def main(argv=None):
     parser = script_parser(__doc__, "12_triton")
     parser.add_argument(
         "--only",
-        type=parse_only,
+        type=comma_names(tuple(SCRIPTS), lambda s: s.strip().removesuffix(".py")),
         default=list(SCRIPTS),
         help=f"comma list of scripts to run (default all: {','.join(SCRIPTS)})",
     )
