@@ -929,6 +929,17 @@ def warptiled_kernels(tile):
 REDUCE_THREADS = 256
 
 
+def add_split_partials(partials, c, splits):
+    """c (M, N) = the sum of the ``splits`` slabs of ``partials`` (flat, S * M * N),
+    in the order 0, 1, ..., S - 1 (``matmul_splitk_reduce``); nothing when S = 1,
+    where the product was written into c directly."""
+    if splits > 1:
+        size = c.shape[0] * c.shape[1]
+        matmul_splitk_reduce[ceil_div(size, REDUCE_THREADS), REDUCE_THREADS](
+            partials, c.reshape(size), size, splits
+        )
+
+
 def launch_warptiled(tile, splits, workspace, a, b, c):
     """v12-14: C = A @ B on a (ceil(N / BN), ceil(M / BM), splits) grid.
 
@@ -956,10 +967,7 @@ def launch_warptiled(tile, splits, workspace, a, b, c):
         fast[grid, tile.threads](a.reshape(m * k_total), b.reshape(k_total * n), out, m, n, k_total)
     else:
         guarded[grid, tile.threads](a, b, out.reshape(splits, m, n))
-    if splits > 1:
-        matmul_splitk_reduce[ceil_div(m * n, REDUCE_THREADS), REDUCE_THREADS](
-            out, c.reshape(m * n), m * n, splits
-        )
+    add_split_partials(out, c, splits)
 
 
 # --------------------------------------------------------------------------
@@ -1226,10 +1234,7 @@ def launch_fast_split(kernel, tile, splits, workspace, a, b, c):
     kernel[(n // tile.bn, m // tile.bm, splits), tile.threads](
         a.reshape(m * k_total), b.reshape(k_total * n), out, n, k_total
     )
-    if splits > 1:
-        matmul_splitk_reduce[ceil_div(m * n, REDUCE_THREADS), REDUCE_THREADS](
-            out, c.reshape(m * n), m * n, splits
-        )
+    add_split_partials(out, c, splits)
 
 
 def schedule_versions(tuned=None):
