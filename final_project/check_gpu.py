@@ -12,7 +12,9 @@
 2. One full NumbaCNN training step against the float64 reference (loss, every
    gradient, parameters and running statistics after the update:
    final_project.checks.check_train_step, the check ``train --check`` runs), and
-   the evaluation-mode forward; the same for FastCNN at batch 64 and 1024.
+   the evaluation-mode forward; the same for FastCNN at batch 64 and 1024, and
+   on a Hopper GPU for FastCNN(precision="tf32") against the reference's TF32
+   model (checks.tf32_step_tolerance).
 3. Times, with CUDA events (common.timing.benchmark), the forward (with loss),
    backward, SGD update and whole step at each batch size, and each layer's
    forward and backward, so we see where the time goes. Writes
@@ -38,6 +40,7 @@ from final_project import checks, reference
 from final_project import fast_conv as FC
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN
+from final_project.tf32_conv import require_tf32_convs
 
 # Sums over a batch's pixels: N*H*W terms, 802,816 a conv1 weight (and a bn1
 # channel) at batch 1024, 200,704 a conv2 weight. The naive kernels add them in
@@ -168,7 +171,26 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
             for k, v in checks.check_eval_forward(config, n, rng, model_cls=FastCNN).items()
         }
     )
+    if tf32_runs_here():  # precision "tf32": conv2 on the tensor cores (Hopper)
+        for batch in sorted({n, big}):
+            x, y = checks.random_batch(config, batch, rng)
+            model = FastCNN(config, max_batch=batch, seed=0, precision="tf32")
+            errs.update(
+                {
+                    f"fast tf32 step b{batch} {k}": v
+                    for k, v in checks.check_train_step(model, x, y, 0.1).items()
+                }
+            )
     return errs
+
+
+def tf32_runs_here() -> bool:
+    """True where FastCNN(precision="tf32") runs (a Hopper GPU)."""
+    try:
+        require_tf32_convs()
+    except RuntimeError:
+        return False
+    return True
 
 
 def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:

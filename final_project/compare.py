@@ -228,8 +228,11 @@ def with_our_rows(
     return rows
 
 
-def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float):
-    """(model, step(j)) for one of OURS: step(j) copies pinned batch j and trains on it."""
+def _our_stepper(
+    name: str, config, init, batches: fdata.EpochBatches, lr: float, precision: str = "fp32"
+):
+    """(model, step(j)) for one of OURS: step(j) copies pinned batch j and trains on
+    it. ``precision`` is the fast model's (the naive kernels are FP32 only)."""
     if name == "numba naive eager":
         model = NumbaCNN(config, max_batch=batches.batch_size, params=init)
         stream = cuda.stream()
@@ -241,7 +244,9 @@ def _our_stepper(name: str, config, init, batches: fdata.EpochBatches, lr: float
         return model, step
     # The simulator has no graphs: there "fast graph" runs the same launches eagerly.
     graph = name == "numba fast graph" and not common.is_simulator()
-    model = FastCNN(config, max_batch=batches.batch_size, params=init, graph=graph)
+    model = FastCNN(
+        config, max_batch=batches.batch_size, params=init, graph=graph, precision=precision
+    )
 
     def fast_step(j: int) -> None:
         x, y = batches.host(j)
@@ -265,6 +270,7 @@ def time_steps(
     warmup: int = TIME_WARMUP,
     naive_steps: int = NAIVE_STEPS,
     n_batches: int = 8,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """ms per training step of every configuration in ``configs`` at one batch size.
 
@@ -276,6 +282,7 @@ def time_steps(
     ``steps`` consecutive steps are timed with CUDA events and the median
     window / steps is kept. The naive kernels (hundreds of ms a step at large
     batches) get windows of ``naive_steps`` steps and 2 warm-up steps.
+    ``precision``: our fast model's ("fp32" or "tf32").
 
     Returns:
         {"batch_size", "ms": {config: ms per step or None}, "window_ms": {...},
@@ -299,7 +306,7 @@ def time_steps(
     for name in configs:
         counter = iter(range(1 << 62))
         if name in OURS:
-            _, step = _our_stepper(name, config, init, batches, lr)
+            _, step = _our_stepper(name, config, init, batches, lr, precision)
 
             def run(k: int, step=step, counter=counter) -> None:
                 for _ in range(k):
@@ -351,6 +358,7 @@ def time_batch_sizes(
     warmup: int = TIME_WARMUP,
     naive_steps: int = NAIVE_STEPS,
     log: Callable[[str], None] = print,
+    precision: str = "fp32",
 ) -> list[dict[str, Any]]:
     """The timing table: :func:`time_steps` at each of ``batch_sizes``, one row each
     (print it with :func:`format_timing_table`).
@@ -378,6 +386,7 @@ def time_batch_sizes(
                 windows=windows,
                 warmup=warmup,
                 naive_steps=naive_steps,
+                precision=precision,
             )
         )
     return rows
@@ -443,6 +452,7 @@ def stage_breakdown(
     seed: int,
     repeats: int,
     peaks: dict[str, Any],
+    precision: str = "fp32",
 ) -> list[dict]:
     """Per-stage GPU time of the fast step (an event after each stage).
 
@@ -458,7 +468,13 @@ def stage_breakdown(
     """
     if common.is_simulator():
         return []
-    model = FastCNN(config, max_batch=batch_size, params=init_params(config, seed), graph=False)
+    model = FastCNN(
+        config,
+        max_batch=batch_size,
+        params=init_params(config, seed),
+        graph=False,
+        precision=precision,
+    )
     x, y = model.static_batch(batch_size)
     x.copy_to_device(np.ascontiguousarray(images[:batch_size]), stream=model.stream)
     y.copy_to_device(np.ascontiguousarray(labels[:batch_size]), stream=model.stream)
@@ -540,19 +556,26 @@ def _time_windows(run_steps, steps: int, windows: int, warmup: int, on_gpu: bool
 
 PRECISION_LABELS = {
     None: "",
-    "fp32": "; torch in FP32 (TF32 off), as ours",
-    "tf32": "; torch with TF32 on (cuDNN convolutions and cuBLAS matmuls), ours FP32",
+    "fp32": "; torch in FP32 (TF32 off)",
+    "tf32": "; torch with TF32 on (cuDNN convolutions and cuBLAS matmuls)",
 }
+OUR_PRECISION_LABELS = {"fp32": ", ours FP32", "tf32": ", ours with conv2 in TF32"}
 
 
 def format_timing_table(
-    rows: list[dict[str, Any]], device: str, torch_dev: str, precision: str | None = None
+    rows: list[dict[str, Any]],
+    device: str,
+    torch_dev: str,
+    precision: str | None = None,
+    ours: str = "fp32",
 ) -> str:
     """ms per training step: one row per configuration, one column per batch size;
-    ``precision`` ("fp32", "tf32") labels torch's arithmetic in the title."""
+    ``precision`` ("fp32", "tf32") labels torch's arithmetic in the title, and
+    ``ours`` our fast model's (said only with ``precision``)."""
+    mine = OUR_PRECISION_LABELS[ours] if precision else ""
     lines = [
         f"ms per training step (copy + forward + backward + update), {device}; torch on "
-        f"{torch_dev}{PRECISION_LABELS[precision]}"
+        f"{torch_dev}{PRECISION_LABELS[precision]}{mine}"
     ]
     if not rows:
         return "\n".join(lines)
@@ -727,10 +750,10 @@ def main(argv: list[str] | None = None) -> int:
         "--torch-precision",
         choices=("fp32", "tf32", "both"),
         default=None,
-        help="torch's arithmetic in the timing tables: fp32 (TF32 off, as our kernels), "
+        help="torch's arithmetic in the timing tables: fp32 (TF32 off), "
         "tf32 (TF32 tensor cores on for cuDNN and cuBLAS; PyTorch's default is on for "
-        "convolutions) or both, a table each (default: both on a GPU, fp32 elsewhere). "
-        "Our kernels are FP32 throughout",
+        "convolutions) or both, a table each (default: tf32 with --precision tf32, "
+        "else both on a GPU, fp32 elsewhere). Ours follow --precision",
     )
     p.add_argument(
         "--torch-tf32",
@@ -766,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--configs: {unknown} cannot run here; choose from {runnable}")
     else:
         configs = runnable
+    if args.torch_precision is None and args.precision == "tf32":
+        args.torch_precision = "tf32"  # the race the TF32 kernels are for
     if args.torch_precision is None:
         args.torch_precision = "both" if device.type == "cuda" else "fp32"
     precisions = (
@@ -882,9 +907,10 @@ def main(argv: list[str] | None = None) -> int:
             windows=windows,
             warmup=warmup,
             naive_steps=args.naive_steps,
+            precision=args.precision,
         )
         timings[precision] = rows if first else with_our_rows(rows, timings[precisions[0]])
-        print(format_timing_table(timings[precision], gpu, str(device), precision))
+        print(format_timing_table(timings[precision], gpu, str(device), precision, args.precision))
     set_torch_precision(precisions[0])
     timing = timings[precisions[0]]
     breakdown = {}
@@ -892,7 +918,15 @@ def main(argv: list[str] | None = None) -> int:
         peaks = common.device_peaks()
         for b in [r["batch_size"] for r in timing]:
             breakdown[b] = stage_breakdown(
-                config, x_train, y_train, b, args.lr, args.seed, args.breakdown_repeats, peaks
+                config,
+                x_train,
+                y_train,
+                b,
+                args.lr,
+                args.seed,
+                args.breakdown_repeats,
+                peaks,
+                precision=args.precision,
             )
             print(format_breakdown(breakdown[b], b, gpu))
 
@@ -902,6 +936,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch_device": str(device),
         "torch_version": torch.__version__,
         "torch_tf32": precisions[0] == "tf32",
+        "precision": args.precision,
         "torch_precisions": precisions,
         "timing_by_precision": timings,
         "config": dataclasses.asdict(config),

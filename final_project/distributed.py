@@ -622,6 +622,11 @@ def _check_args(world: int, args: Any, parser: Any) -> None:
             "data parallelism runs the fast kernels (final_project.fast_model): give "
             "--kernels fast (the simulator's default is naive)"
         )
+    if getattr(args, "precision", "fp32") != "fp32":
+        parser.error(
+            "data parallelism runs the FP32 kernels: --precision tf32 is for one GPU "
+            "(python -m final_project.train or compare without torchrun)"
+        )
     if getattr(args, "check", False):
         parser.error(
             "--check runs on one GPU (python -m final_project.train --check); under "

@@ -16,7 +16,12 @@ step runs:
               -> pool1/ReLU1/BN1 backward -> conv1 weight gradient
     update    one SGD launch over the flat parameter buffer
 
-That is 27 launches, every one on the model's own stream, with every buffer
+With ``precision="tf32"`` conv2's forward and input gradient run on the tensor
+cores instead (:mod:`final_project.tf32_conv`), reading channels-last copies of
+their inputs: the conv2 forward stage also converts the conv2 weights and pool1's
+output, the grad input stage dz2 (3 launches more).
+
+That is 27 launches (FP32), every one on the model's own stream, with every buffer
 allocated once for ``max_batch``. On a GPU the first step at a new batch size
 (or learning rate) runs eagerly, which compiles and warms every kernel, and is
 then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
@@ -50,8 +55,10 @@ from numba import cuda
 from final_project import fast_conv as fconv
 from final_project import fast_layers as fl
 from final_project import kernels as naive
+from final_project import tf32_conv
 from final_project.graph import CudaGraphBackend, default_graph_backend
 from final_project.model import CNNBase, NetConfig, _Layer
+from final_project.reference import TF32_OPS
 
 
 class Stage:
@@ -84,6 +91,9 @@ class Stage:
 # The stage names in launch order: what train_step's on_stage receives, and the
 # keys of compare.stage_work.
 STAGES: tuple[str, ...] = tuple(v for k, v in vars(Stage).items() if k.isupper())
+
+
+PRECISIONS = ("fp32", "tf32")
 
 
 def _no_mark(name: str) -> None:
@@ -131,10 +141,15 @@ class FastCNN(CNNBase, _Layer):
             simulator has none). ``False`` launches every kernel from Python.
         conv1: "direct" (a kernel for tiny input channel counts) or "igemm".
         graph_backend: what captures and replays a step (tests pass a fake one).
+        precision: "fp32" (every kernel on the CUDA cores) or "tf32": conv2's
+            forward and input gradient on the tensor cores in TF32
+            (:mod:`final_project.tf32_conv`; Hopper GPUs only), the rest FP32.
 
     Raises:
         ValueError: max_batch < 1, a config the fused classifier cannot hold,
-            ``graph=True`` in the simulator, or a bad ``params``.
+            ``graph=True`` in the simulator, a bad ``params``, an unknown
+            precision, or channel counts the TF32 convolution cannot take.
+        RuntimeError: precision "tf32" without a Hopper GPU.
     """
 
     def __init__(
@@ -146,8 +161,19 @@ class FastCNN(CNNBase, _Layer):
         graph: bool | None = None,
         conv1: str = "direct",
         graph_backend: Any = None,
+        precision: str = "fp32",
     ) -> None:
         super().__init__(config, max_batch)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        if precision == "tf32":
+            reason = tf32_conv.supported(
+                config.c1, config.c2, config.height // 2, config.width // 2
+            )
+            if reason:
+                raise ValueError(f"precision 'tf32': {reason}; use precision 'fp32'")
+            tf32_conv.require_tf32_convs()
+        self.precision = precision
         if config.num_classes > fl.CLS_MAX_CLASSES or config.hidden > fl.CLS_MAX_HIDDEN:
             raise ValueError(
                 f"FastCNN's fused classifier holds at most {fl.CLS_MAX_CLASSES} classes and "
@@ -191,7 +217,12 @@ class FastCNN(CNNBase, _Layer):
             rows1 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h, w), m)
         self.bn1_partials = dev((rows1, 2, c.c1), f64)
         self.z2 = dev((m, c.c2, h2, w2), f32)
-        rows2 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h2, w2), m)
+        rows2 = _max_size(lambda n: self._conv2_partial_rows(n), m)
+        if self.precision == "tf32":  # channels-last copies and weight layouts
+            self.pooled1_nhwc = dev((m, h2, w2, c.c1), f32)
+            self.dz2_nhwc = dev((m, h2, w2, c.c2), f32)
+            self.w2_forward = dev((c.c2, 3, 3, c.c1), f32)
+            self.w2_grad_input = dev((c.c1, 3, 3, c.c2), f32)
         self.bn2_partials = dev((rows2, 2, c.c2), f64)
         for name, ch in (("bn1", c.c1), ("bn2", c.c2)):
             for stat in ("mean", "invstd", "scale", "shift"):
@@ -262,6 +293,19 @@ class FastCNN(CNNBase, _Layer):
             f32,
         )
 
+    def _conv2_partial_rows(self, n: int) -> int:
+        h2, w2 = self.config.height // 2, self.config.width // 2
+        if self.precision == "tf32":
+            return tf32_conv.forward_partial_rows(n, h2, w2)
+        return fconv.conv2d_forward_igemm_partial_rows(n, h2, w2)
+
+    @property
+    def tf32_ops(self) -> tuple[str, ...]:
+        """The operations run in TF32, as the float64 reference names them
+        (:data:`final_project.reference.TF32_OPS`: precision "tf32" runs them
+        all); empty in FP32."""
+        return TF32_OPS if self.precision == "tf32" else ()
+
     def _scratch(self, name: str, n: int, shape_fn: Callable[[int], tuple]) -> Any:
         key = (name, n)
         view = self._views.get(key)
@@ -301,16 +345,28 @@ class FastCNN(CNNBase, _Layer):
             zwin=self._rows("zwin1", n),
         )
         mark(Stage.BN1_RELU_POOL1)
-        rows2 = fconv.conv2d_forward_igemm_partial_rows(n, h // 2, w // 2)
-        fconv.conv2d_forward_igemm(
-            self._rows("pooled1", n),
-            p["conv2.weight"],
-            p["conv2.bias"],
-            1,
-            z2,
-            self.bn2_partials[:rows2],
-            stream=s,
-        )
+        rows2 = self._conv2_partial_rows(n)
+        if self.precision == "tf32":
+            # the weights changed at the last update: both layouts, for this
+            # forward and this step's input gradient
+            tf32_conv.permute_conv_weights(
+                p["conv2.weight"], self.w2_forward, self.w2_grad_input, stream=s
+            )
+            x_nhwc = self._rows("pooled1_nhwc", n)
+            tf32_conv.nchw_to_nhwc(self._rows("pooled1", n), x_nhwc, stream=s)
+            tf32_conv.conv2d_forward_tf32(
+                x_nhwc, self.w2_forward, p["conv2.bias"], z2, self.bn2_partials[:rows2], stream=s
+            )
+        else:
+            fconv.conv2d_forward_igemm(
+                self._rows("pooled1", n),
+                p["conv2.weight"],
+                p["conv2.bias"],
+                1,
+                z2,
+                self.bn2_partials[:rows2],
+                stream=s,
+            )
         mark(Stage.CONV2_FORWARD)
         self._bn_scale_shift("bn2", self.bn2_partials[:rows2], n * (h // 2) * (w // 2), training)
         mark(Stage.BN2_STATISTICS)
@@ -418,7 +474,12 @@ class FastCNN(CNNBase, _Layer):
         )
         mark(Stage.CONV2_GRAD_WEIGHT)
         d_pooled1 = self._rows("d_pooled1", n)
-        fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
+        if self.precision == "tf32":
+            dz2_nhwc = self._rows("dz2_nhwc", n)
+            tf32_conv.nchw_to_nhwc(dz2, dz2_nhwc, stream=s)
+            tf32_conv.conv2d_grad_input_tf32(dz2_nhwc, self.w2_grad_input, d_pooled1, stream=s)
+        else:
+            fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
         mark(Stage.CONV2_GRAD_INPUT)
         dz1 = self._bn_backward(
             "bn1",
@@ -604,4 +665,4 @@ class FastCNN(CNNBase, _Layer):
         self.stream.synchronize()
 
 
-__all__ = ["FastCNN", "STAGES", "Stage", "CudaGraphBackend"]
+__all__ = ["FastCNN", "PRECISIONS", "STAGES", "Stage", "TF32_OPS", "CudaGraphBackend"]

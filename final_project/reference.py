@@ -219,8 +219,28 @@ def _buffers(state: dict[str, Any], config) -> dict[str, np.ndarray]:
     return out
 
 
+def tf32_operand(a: np.ndarray) -> np.ndarray:
+    """What the tensor cores read of ``a`` in TF32, as float64: ``a`` rounded to
+    float32 (the kernels' operands are float32), then its 13 low mantissa bits
+    cleared (TF32 keeps 10, and the hardware truncates)."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32).astype(np.float64)
+
+
+# The operations a model may run in TF32, as reference_forward's tf32= names them.
+TF32_OPS = ("conv2 forward", "conv2 grad input")
+# Largest relative change tf32_operand makes to a float32: one unit of the 10th
+# mantissa bit (truncation; rounding to nearest would make half that).
+TF32_UNIT = 2.0**-10
+
+
 def reference_forward(
-    state: dict[str, Any], x: np.ndarray, config, training: bool = False, pool_windows=None
+    state: dict[str, Any],
+    x: np.ndarray,
+    config,
+    training: bool = False,
+    pool_windows=None,
+    tf32: tuple[str, ...] = (),
 ):
     """Logits (N, num_classes) float64 of the network for x (N, C, H, W).
 
@@ -233,7 +253,18 @@ def reference_forward(
     :func:`maxpool2x2_forward`), and ``caches["pool_gaps"]`` holds, per pool,
     how far each taken value is below its window's maximum (0 where it is the
     maximum).
+
+    ``tf32``: operations of :data:`TF32_OPS` to model as the tensor cores run
+    them: their two operands rounded as :func:`tf32_operand` says, the products
+    and sums still exact. A model's TF32 kernels then differ from this reference
+    by float32 rounding alone (a float32 value and its float64 twin can fall on
+    either side of a TF32 step: a rare 2^-10 relative change of one operand), so
+    one tolerance checks both precisions. The choice reaches
+    :func:`reference_backward` through the caches.
     """
+    unknown = set(tf32) - set(TF32_OPS)
+    if unknown:
+        raise ValueError(f"tf32: unknown operations {sorted(unknown)}; choose from {TF32_OPS}")
     p = _f64(state)
     buf = _buffers(state, config)
     x = np.asarray(x, dtype=np.float64)
@@ -241,8 +272,15 @@ def reference_forward(
     new_buffers: dict[str, np.ndarray] = {}
     h = x
     caches["pool_gaps"] = []
+    caches["tf32"] = tuple(tf32)
     for k, (conv, bn) in enumerate((("conv1", "bn1"), ("conv2", "bn2"))):
-        h, caches[conv] = conv2d_forward(h, p[f"{conv}.weight"], p[f"{conv}.bias"], pad=1)
+        w, b = p[f"{conv}.weight"], p[f"{conv}.bias"]
+        if f"{conv} forward" in tf32:
+            # the weight gradient (FP32) still reads the unrounded input
+            caches[conv] = (h, w, 1)
+            h, _ = conv2d_forward(tf32_operand(h), tf32_operand(w), b, pad=1)
+        else:
+            h, caches[conv] = conv2d_forward(h, w, b, pad=1)
         rm, rv = buf[f"{bn}.running_mean"], buf[f"{bn}.running_var"]
         if training:
             h, caches[bn], nm, nv = batchnorm_forward_train(
@@ -280,7 +318,11 @@ def reference_backward(logits: np.ndarray, caches: dict[str, Any], y: np.ndarray
         d = maxpool2x2_backward(d, caches[f"pool_{bn}"])
         d = relu_backward(d, caches[f"relu_{bn}"])
         d, g[f"{bn}.weight"], g[f"{bn}.bias"] = batchnorm_backward(d, caches[bn])
-        d, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
+        dx, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
+        if f"{conv} grad input" in caches.get("tf32", ()):
+            x, w, pad = caches[conv]
+            dx, _, _ = conv2d_backward(tf32_operand(d), (x, tf32_operand(w), pad))
+        d = dx
     return float(loss), g
 
 

@@ -57,8 +57,9 @@ from numba import cuda
 from final_project import data as fdata
 from final_project import datasets, precompile
 from final_project.checks import check_train_step
-from final_project.fast_model import FastCNN
+from final_project.fast_model import PRECISIONS, FastCNN
 from final_project.model import NetConfig, NumbaCNN, init_params
+from final_project.tf32_conv import require_tf32_convs, supported
 
 DEFAULT_OUT = Path("runs") / "final_project"
 DEFAULT_LR = 0.05
@@ -204,6 +205,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
         "(default in the simulator, where it runs 3x faster)",
     )
     t.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32: every kernel on the CUDA cores (default); tf32: conv2's forward "
+        "and input gradient on the tensor cores in TF32 (fast kernels on a Hopper GPU)",
+    )
+    t.add_argument(
         "--graph",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -264,6 +272,16 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
         parser.error("--graph needs a GPU: the simulator has no CUDA graphs")
     if args.graph is None:
         args.graph = args.kernels == "fast" and not common.is_simulator()
+    if args.precision == "tf32":
+        if args.kernels != "fast":
+            parser.error("--precision tf32 needs --kernels fast (the tensor-core kernels)")
+        reason = supported(args.c1, args.c2, args.image_size // 2, args.image_size // 2)
+        if reason:
+            parser.error(f"--precision tf32: {reason}")
+        try:
+            require_tf32_convs()
+        except RuntimeError as e:
+            parser.error(str(e))
     if args.compile_workers is not None and args.compile_workers < 0:
         parser.error(f"--compile-workers must be 0 or more, got {args.compile_workers}")
     return args
@@ -289,7 +307,8 @@ def describe_kernels(args: argparse.Namespace) -> str:
     """What runs the step, in words: "fast kernels, one CUDA graph a step", ..."""
     if args.kernels == "naive":
         return "naive kernels, eager launches"
-    return "fast kernels, " + ("one CUDA graph a step" if args.graph else "eager launches")
+    tf32 = ", conv2 in TF32 on the tensor cores" if args.precision == "tf32" else ""
+    return "fast kernels, " + ("one CUDA graph a step" if args.graph else "eager launches") + tf32
 
 
 def make_model(
@@ -299,7 +318,9 @@ def make_model(
     max_batch = max_batch or args.batch_size
     if args.kernels == "naive":
         return NumbaCNN(config, max_batch=max_batch, params=params)
-    return FastCNN(config, max_batch=max_batch, params=params, graph=args.graph)
+    return FastCNN(
+        config, max_batch=max_batch, params=params, graph=args.graph, precision=args.precision
+    )
 
 
 def load_data(args: argparse.Namespace, log=print) -> datasets.Dataset:
