@@ -64,8 +64,8 @@ zeros, so edges need no branch) copy global memory straight to shared memory wit
 passing through registers; ``cp_async_commit`` closes a group of them and
 ``cp_async_wait{n}`` (n = 0..3) waits until at most n groups are still in flight.
 
-The intrinsics, by name (:func:`intrinsic_named`): ``wgmma_{tf32,bf16,f16}_m64n{32,64,128,256}``
-(acc, desc_a, desc_b) -> acc, ``wgmma_zeros_{32,64,128,256}``, ``make_descriptor``,
+The intrinsics, by name (:func:`intrinsic_named`): ``wgmma_{tf32,bf16,f16}_m64n{32,64,96,128,256}``
+(acc, desc_a, desc_b) -> acc, ``wgmma_zeros_{32,64,96,128,256}``, ``make_descriptor``,
 ``shared_address``, ``store_accumulators``, ``fence_proxy_async``, ``wgmma_fence``,
 ``wgmma_commit``, ``wgmma_wait0``, ``wgmma_wait1``, ``cp_async_4``, ``cp_async_16``,
 ``cp_async_commit``, ``cp_async_wait0`` .. ``cp_async_wait3``.
@@ -94,7 +94,7 @@ ROW_BYTES = 128  # one swizzled row: 32 registers' words
 ROW_WORDS = ROW_BYTES // 4
 ATOM_BYTES = 8 * ROW_BYTES  # 8 rows: the swizzle pattern's period, and the stride offset
 K_STEP_BYTES = 32  # K of one wgmma: 8 TF32 or 16 BF16 / FP16 values
-N_SIZES = (32, 64, 128, 256)
+N_SIZES = (32, 64, 96, 128, 256)
 # precision -> (k values a register word holds, k of one wgmma)
 PRECISIONS = {"tf32": (1, 8), "bf16": (2, 16), "f16": (2, 16)}
 # Descriptor bits that do not depend on the address: leading byte offset 1 (unused

@@ -16,10 +16,12 @@ step runs:
               -> pool1/ReLU1/BN1 backward -> conv1 weight gradient
     update    one SGD launch over the flat parameter buffer
 
-With ``precision="tf32"`` conv2's forward and input gradient run on the tensor
-cores instead (:mod:`final_project.tf32_conv`), reading channels-last copies of
-their inputs: the conv2 forward stage also converts the conv2 weights and pool1's
-output, the grad input stage dz2 (3 launches more).
+With ``precision="tf32"`` conv2's three GEMMs (forward, weight gradient, input
+gradient) run on the tensor cores instead (:mod:`final_project.tf32_conv`); the
+forward and the input gradient read channels-last copies of their inputs: the
+conv2 forward stage also converts the conv2 weights and pool1's output, the grad
+input stage dz2, and the weight gradient adds its split-K partials in a second
+launch (4 launches more).
 
 That is 27 launches (FP32), every one on the model's own stream, with every buffer
 allocated once for ``max_batch``. On a GPU the first step at a new batch size
@@ -142,7 +144,7 @@ class FastCNN(CNNBase, _Layer):
         conv1: "direct" (a kernel for tiny input channel counts) or "igemm".
         graph_backend: what captures and replays a step (tests pass a fake one).
         precision: "fp32" (every kernel on the CUDA cores) or "tf32": conv2's
-            forward and input gradient on the tensor cores in TF32
+            forward, weight gradient and input gradient on the tensor cores in TF32
             (:mod:`final_project.tf32_conv`; Hopper GPUs only), the rest FP32.
 
     Raises:
@@ -265,15 +267,13 @@ class FastCNN(CNNBase, _Layer):
             (_max_size(lambda n: fl.bn_backward_partial_rows(n, h4, w4), m), 2, c.c2), f64
         )
         self.dz2 = dev((m, c.c2, h2, w2), f32)
-        self.conv2_grad_partials = dev(
-            _max_size(
-                lambda n: int(
-                    np.prod(fconv.conv2d_grad_weight_igemm_partials_shape(n, h2, w2, c.c2, c.c1, 3))
-                ),
-                m,
-            ),
-            f32,
-        )
+        if self.precision == "tf32":
+            grad2_size = lambda n: tf32_conv.grad_weight_partials_size(n, c.c1, c.c2, h2, w2)  # noqa: E731
+        else:
+            grad2_size = lambda n: int(  # noqa: E731
+                np.prod(fconv.conv2d_grad_weight_igemm_partials_shape(n, h2, w2, c.c2, c.c1, 3))
+            )
+        self.conv2_grad_partials = dev(_max_size(grad2_size, m), f32)
         self.d_pooled1 = dev((m, c.c1, h2, w2), f32)
         self.bn1_back_partials = dev(
             (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64
@@ -464,14 +464,30 @@ class FastCNN(CNNBase, _Layer):
             (Stage.BN2_BACKWARD_REDUCE, Stage.BN2_BACKWARD_DX),
         )
         h2, w2 = c.height // 2, c.width // 2
-        part2 = self._scratch(
-            "conv2_grad_partials",
-            n,
-            lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(k, h2, w2, c.c2, c.c1, 3),
-        )
-        fconv.conv2d_grad_weight_igemm(
-            dz2, self._rows("pooled1", n), 1, g["conv2.weight"], g["conv2.bias"], part2, stream=s
-        )
+        if self.precision == "tf32":
+            tf32_conv.conv2d_grad_weight_tf32(
+                dz2,
+                self._rows("pooled1", n),
+                g["conv2.weight"],
+                g["conv2.bias"],
+                self.conv2_grad_partials,
+                stream=s,
+            )
+        else:
+            part2 = self._scratch(
+                "conv2_grad_partials",
+                n,
+                lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(k, h2, w2, c.c2, c.c1, 3),
+            )
+            fconv.conv2d_grad_weight_igemm(
+                dz2,
+                self._rows("pooled1", n),
+                1,
+                g["conv2.weight"],
+                g["conv2.bias"],
+                part2,
+                stream=s,
+            )
         mark(Stage.CONV2_GRAD_WEIGHT)
         d_pooled1 = self._rows("d_pooled1", n)
         if self.precision == "tf32":

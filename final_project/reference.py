@@ -228,7 +228,7 @@ def tf32_operand(a: np.ndarray) -> np.ndarray:
 
 
 # The operations a model may run in TF32, as reference_forward's tf32= names them.
-TF32_OPS = ("conv2 forward", "conv2 grad input")
+TF32_OPS = ("conv2 forward", "conv2 grad input", "conv2 grad weight")
 # Largest relative change tf32_operand makes to a float32: one unit of the 10th
 # mantissa bit (truncation; rounding to nearest would make half that).
 TF32_UNIT = 2.0**-10
@@ -276,7 +276,7 @@ def reference_forward(
     for k, (conv, bn) in enumerate((("conv1", "bn1"), ("conv2", "bn2"))):
         w, b = p[f"{conv}.weight"], p[f"{conv}.bias"]
         if f"{conv} forward" in tf32:
-            # the weight gradient (FP32) still reads the unrounded input
+            # the backward rounds (or not) for itself: keep the unrounded input
             caches[conv] = (h, w, 1)
             h, _ = conv2d_forward(tf32_operand(h), tf32_operand(w), b, pad=1)
         else:
@@ -318,9 +318,12 @@ def reference_backward(logits: np.ndarray, caches: dict[str, Any], y: np.ndarray
         d = maxpool2x2_backward(d, caches[f"pool_{bn}"])
         d = relu_backward(d, caches[f"relu_{bn}"])
         d, g[f"{bn}.weight"], g[f"{bn}.bias"] = batchnorm_backward(d, caches[bn])
+        tf32 = caches.get("tf32", ())
         dx, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
-        if f"{conv} grad input" in caches.get("tf32", ()):
-            x, w, pad = caches[conv]
+        x, w, pad = caches[conv]
+        if f"{conv} grad weight" in tf32:  # the bias gradient stays a plain sum
+            _, g[f"{conv}.weight"], _ = conv2d_backward(tf32_operand(d), (tf32_operand(x), w, pad))
+        if f"{conv} grad input" in tf32:
             dx, _, _ = conv2d_backward(tf32_operand(d), (x, tf32_operand(w), pad))
         d = dx
     return float(loss), g

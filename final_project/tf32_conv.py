@@ -43,7 +43,7 @@ the simulator runs no PTX; :func:`require_tf32_convs` says so before any work.
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common import wgmma as wg
 from common.checking import EPS32, require_device_array, rounding_tolerance
-from common.runtime import ceil_div, jit
+from common.runtime import ceil_div, jit, sm_count
 
 import functools
 from typing import Any
@@ -77,17 +77,24 @@ def tf32_tolerance(ref: Any, magnitude: Any, k: int) -> float:
     return rounding_tolerance(ref, magnitude, (2 * u + u * u) / EPS32 + k, tol=0.0)
 
 
-def supported(c_in: int, c_out: int, h: int, w: int) -> str | None:
-    """Why conv2 of these sizes cannot run here (a sentence), or None if it can.
+# Channel counts the three kernels take: each is a wgmma N (forward: c_out, input
+# gradient: c_in), c_in a whole number of 32-channel K-slices and c_out of the
+# weight gradient's 64-row tiles.
+C_IN_SIZES = (32, 64, 128, 256)
+C_OUT_SIZES = (64, 128, 256)
 
-    Forward gathers c_in channels and produces c_out; the input gradient the other
-    way round. So both channel counts must be multiples of the 32-channel K-slice
-    and wgmma N sizes (common.wgmma.N_SIZES), and H, W < 256 (packed pixel rows)."""
-    for name, c in (("c1", c_in), ("c2", c_out)):
-        if c not in wg.N_SIZES:
-            return f"{name} = {c}: the TF32 convolution needs each channel count in {wg.N_SIZES}"
-    if not (0 < h < 256 and 0 < w < 256):
-        return f"the TF32 convolution needs H and W below 256, got {h} x {w}"
+
+def supported(c_in: int, c_out: int, h: int, w: int) -> str | None:
+    """Why conv2 of these sizes cannot run here (a sentence), or None if it can:
+    channel counts in :data:`C_IN_SIZES` and :data:`C_OUT_SIZES`, H and W < 256
+    (a pixel's row and column are packed in one int), H * W a multiple of 4 (the
+    weight gradient's 16-byte copies stay within an image)."""
+    if c_in not in C_IN_SIZES:
+        return f"c1 = {c_in}: the TF32 convolution needs c1 in {C_IN_SIZES}"
+    if c_out not in C_OUT_SIZES:
+        return f"c2 = {c_out}: the TF32 convolution needs c2 in {C_OUT_SIZES}"
+    if not (0 < h < 256 and 0 < w < 256) or (h * w) % 4:
+        return f"the TF32 convolution needs H, W below 256 and H * W a multiple of 4, got {h} x {w}"
     return None
 
 
@@ -287,9 +294,12 @@ def make_conv3x3_wgmma(c_gather: int, n_out: int, h: int, w: int, forward: bool)
             a_d = stage + uint32(group * 64 * 128)
             b_d = stage + uint32(a_bytes)
             wgmma_fence()
-            for kk in range(4):  # the row's four K-steps of 8
-                step = uint32(32 * kk)
-                acc = mma(acc, make_descriptor(a_d + step), make_descriptor(b_d + step))
+            # the row's four K-steps of 8, written out: in a loop NVVM may keep the
+            # accumulators in memory, and ptxas then serializes the wgmmas (C7515)
+            acc = mma(acc, make_descriptor(a_d), make_descriptor(b_d))
+            acc = mma(acc, make_descriptor(a_d + uint32(32)), make_descriptor(b_d + uint32(32)))
+            acc = mma(acc, make_descriptor(a_d + uint32(64)), make_descriptor(b_d + uint32(64)))
+            acc = mma(acc, make_descriptor(a_d + uint32(96)), make_descriptor(b_d + uint32(96)))
             wgmma_commit()
             ahead = s + STAGES - 2
             if ahead < slices:
@@ -442,3 +452,273 @@ def conv2d_grad_input_tf32(dout_nhwc, w_grad_input, dx, stream=0) -> None:
 def _placeholders():
     """(b, bn_partials) for the input gradient's launch, which reads neither."""
     return cuda.device_array(1, np.float32), cuda.device_array((1, 1, 1), np.float64)
+
+
+# ---------------------------------------------------------------------------
+# The weight gradient: a GEMM whose K is the batch's pixels
+# ---------------------------------------------------------------------------
+
+GW_THREADS = 384  # three warpgroups, three taps each
+GW_WARPS = GW_THREADS // 32
+GW_TAPS = 3  # taps a warpgroup: 3 x 32 channels = wgmma N of 96
+GW_MIN_SLICES = 8  # K-slices a block at least (split-K: fewer blocks below that)
+CI_ROUNDS = -(-SLICE // GW_WARPS)  # channels a warp copies for the B tile
+
+
+@functools.cache
+def make_conv3x3_grad_weight_wgmma(c_in: int, c_out: int, h: int, w: int):
+    """Factory: the kernel ``(dout, x, partials, slices_per_block, k_total)`` for
+    conv2's weight gradient in TF32,
+
+        dw[co, ci, tap] = sum over pixels q of dout[q, co] * x[q shifted by tap, ci],
+
+    as a GEMM of M = Co (tiles of 64, grid y), N = 9 taps x 32 input channels (one
+    channel group a block, grid z), K = the N*H*W pixels, split over grid x.
+    Both operands are read NCHW, where a row (a channel of an image) runs along K,
+    as wgmma's TF32 operands must: dout by 16-byte copies (H*W is a multiple of 4,
+    so a copy never spans two images), x shifted by each tap (and zero outside the
+    image) by 4-byte copies, which that shift misaligns. The bias gradient (sum of
+    dout per channel) is added from the shared-memory tiles in float32 on the way.
+
+    partials (flat, float32): block (x, y, z)'s 64 x 288 product at
+    ``((z * Y + y) * X + x) * 64 * 288``, [co][tap * 32 + ci]; then the bias sums,
+    64 a block (y, x), after all the products. :func:`grad_weight_partials_size`.
+    """
+    hw = h * w
+    a_bytes = 64 * 128
+    n_cols = 9 * SLICE  # 288: the taps of 32 channels
+    stage_bytes = a_bytes + n_cols * 128
+    cols_wg = GW_TAPS * SLICE  # 96 columns a warpgroup
+    regs = cols_wg // 2
+    mma = wg.intrinsic_named(f"wgmma_tf32_m64n{cols_wg}")
+    zeros = wg.intrinsic_named(f"wgmma_zeros_{cols_wg}")
+    shared_address = wg.intrinsic_named("shared_address")
+    make_descriptor = wg.intrinsic_named("make_descriptor")
+    fence_proxy_async = wg.intrinsic_named("fence_proxy_async")
+    wgmma_fence = wg.intrinsic_named("wgmma_fence")
+    wgmma_commit = wg.intrinsic_named("wgmma_commit")
+    wgmma_wait0 = wg.intrinsic_named("wgmma_wait0")
+    wgmma_wait1 = wg.intrinsic_named("wgmma_wait1")
+    store_accumulators = wg.intrinsic_named("store_accumulators")
+    cp_async_4 = wg.intrinsic_named("cp_async_4")
+    cp_async_16 = wg.intrinsic_named("cp_async_16")
+    cp_async_commit = wg.intrinsic_named("cp_async_commit")
+    cp_async_wait = wg.intrinsic_named(f"cp_async_wait{STAGES - 3}")
+    swizzle = jit(device=True, forceinline=True)(wg.swizzle_offset)
+
+    @jit(device=True, forceinline=True)
+    def copy_slice(dout, x, stage, s, tid, k_total, co0, ci0):
+        """Queue K-slice s (pixels 32 s ..) into a stage: A = dout rows co0..co0+63,
+        B = x's channels ci0.. shifted by each of the 9 taps."""
+        q0 = s * SLICE
+        for u in range(tid, 64 * 8, GW_THREADS):  # A: 64 rows x 8 chunks of 4 pixels
+            row = u >> 3
+            chunk = u & 7
+            q = q0 + 4 * chunk
+            ok = q < k_total
+            n = q // hw
+            src = (n * c_out + co0 + row) * hw + (q - n * hw)
+            cp_async_16(
+                stage + uint32(4 * swizzle(row, 4 * chunk)),
+                dout,
+                src if ok else 0,
+                uint32(16) if ok else uint32(0),
+            )
+        lane, warp = tid & 31, tid >> 5
+        q = q0 + lane  # B: this thread's pixel, its column of every row
+        valid = q < k_total
+        n = q // hw
+        p = q - n * hw
+        oh = p // w
+        ow = p - oh * w
+        base = n * c_in * hw + p
+        b_stage = stage + uint32(a_bytes)
+        for cc in range(CI_ROUNDS):  # channels warp, warp + 12, ...: a fixed count
+            ci = warp + GW_WARPS * cc
+            if ci >= SLICE:
+                break
+            chan = base + (ci0 + ci) * hw
+            for tap in range(9):
+                dh = tap // 3 - 1
+                dw = tap % 3 - 1
+                ih, iw = oh + dh, ow + dw
+                ok = valid and ih >= 0 and ih < h and iw >= 0 and iw < w
+                r = tap * SLICE + ci
+                cp_async_4(
+                    b_stage + uint32(4 * swizzle(r, lane)),
+                    x,
+                    (chan + dh * w + dw) if ok else 0,
+                    uint32(4) if ok else uint32(0),
+                )
+
+    # not cached: its instructions come from common/wgmma.py, unseen by the cache key
+    @jit(launch_bounds=(GW_THREADS, 1))
+    def conv3x3_grad_weight_wgmma(dout, x, partials, slices_per_block, k_total):
+        smem = cuda.shared.array(0, uint32)
+        words = cuda.shared.array(0, float32)  # the same bytes, read as float32
+        bias_parts = cuda.shared.array(256, float32)
+        res = cuda.local.array(regs, float32)
+        tid = cuda.threadIdx.x
+        warp, lane = tid >> 5, tid & 31
+        group = warp >> 2
+        co0 = cuda.blockIdx.y * 64
+        ci0 = cuda.blockIdx.z * SLICE
+        slices_total = (k_total + SLICE - 1) // SLICE
+        s0 = cuda.blockIdx.x * slices_per_block
+        s1 = min(s0 + slices_per_block, slices_total)
+        count = max(s1 - s0, 0)
+        base = shared_address(smem)
+        pad = (uint32(1024) - (base & uint32(1023))) & uint32(1023)
+        tiles = base + pad
+        for s in range(STAGES - 2):
+            if s < count:
+                copy_slice(dout, x, tiles + uint32(s * stage_bytes), s0 + s, tid, k_total, co0, ci0)
+            cp_async_commit()
+        acc = zeros()
+        bias = float32(0)  # threads < 256: row tid // 4, words 8 (tid % 4) .. + 7
+        for i in range(count):
+            cp_async_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            stage = tiles + uint32((i % STAGES) * stage_bytes)
+            a_d = stage
+            b_d = stage + uint32(a_bytes + group * cols_wg * 128)
+            wgmma_fence()
+            # the row's four K-steps of 8, written out: in a loop NVVM may keep the
+            # accumulators in memory, and ptxas then serializes the wgmmas (C7515)
+            acc = mma(acc, make_descriptor(a_d), make_descriptor(b_d))
+            acc = mma(acc, make_descriptor(a_d + uint32(32)), make_descriptor(b_d + uint32(32)))
+            acc = mma(acc, make_descriptor(a_d + uint32(64)), make_descriptor(b_d + uint32(64)))
+            acc = mma(acc, make_descriptor(a_d + uint32(96)), make_descriptor(b_d + uint32(96)))
+            wgmma_commit()
+            if tid < 256:
+                first = (pad + uint32((i % STAGES) * stage_bytes)) >> 2  # the stage's word
+                row = tid >> 2
+                for j in range(8):
+                    bias += words[first + swizzle(row, 8 * (tid & 3) + j)]
+            ahead = i + STAGES - 2
+            if ahead < count:
+                stage_ahead = tiles + uint32((ahead % STAGES) * stage_bytes)
+                copy_slice(dout, x, stage_ahead, s0 + ahead, tid, k_total, co0, ci0)
+            cp_async_commit()
+            wgmma_wait1()
+        blocks = cuda.gridDim.x * cuda.gridDim.y * cuda.gridDim.z
+        block = (cuda.blockIdx.z * cuda.gridDim.y + cuda.blockIdx.y) * cuda.gridDim.x
+        block += cuda.blockIdx.x
+        # the bias sums, 4 threads a row (the z = 0 blocks: one per pixel range),
+        # through shared memory: a shuffle here makes ptxas serialize the wgmmas (C7515)
+        if tid < 256:
+            bias_parts[tid] = bias
+        cuda.syncthreads()
+        if tid < 64 and cuda.blockIdx.z == 0:
+            total = bias_parts[4 * tid] + bias_parts[4 * tid + 1]
+            total += bias_parts[4 * tid + 2] + bias_parts[4 * tid + 3]
+            partials[blocks * 64 * n_cols + block * 64 + tid] = total
+        wgmma_wait0()
+        store_accumulators(acc, res)
+        out = block * 64 * n_cols
+        g, t = lane >> 2, lane & 3
+        row = (warp & 3) * 16 + g
+        for j in range(cols_wg // 8):
+            for e in range(2):
+                col = group * cols_wg + 8 * j + 2 * t + e
+                partials[out + row * n_cols + col] = res[4 * j + e]
+                partials[out + (row + 8) * n_cols + col] = res[4 * j + 2 + e]
+
+    conv3x3_grad_weight_wgmma.shared_bytes = STAGES * stage_bytes + 1024
+    conv3x3_grad_weight_wgmma.ready = set()
+    return conv3x3_grad_weight_wgmma
+
+
+@jit(cache=True)
+def _sum_grad_weight_partials(partials, grad_w, grad_b, blocks_x, c_in, c_out):
+    """grad_w[co, ci, tap] and grad_b[co]: the split-K partials of
+    :func:`make_conv3x3_grad_weight_wgmma` summed over grid x in order (float64)."""
+    i = cuda.grid(1)
+    n_cols = 9 * SLICE
+    tiles_y = c_out // 64
+    blocks = blocks_x * tiles_y * (c_in // SLICE)
+    if i < c_out * c_in * 9:
+        co = i // (c_in * 9)
+        r = i - co * c_in * 9
+        ci = r // 9
+        tap = r - ci * 9
+        y, row = co // 64, co % 64
+        z, col = ci // SLICE, tap * SLICE + ci % SLICE
+        first = (z * tiles_y + y) * blocks_x
+        total = 0.0
+        for bx in range(blocks_x):
+            total += partials[((first + bx) * 64 + row) * n_cols + col]
+        grad_w[i] = total
+    elif i < c_out * c_in * 9 + c_out:
+        co = i - c_out * c_in * 9
+        y, row = co // 64, co % 64
+        total = 0.0
+        for bx in range(blocks_x):
+            total += partials[blocks * 64 * n_cols + (y * blocks_x + bx) * 64 + row]
+        grad_b[co] = total
+
+
+def grad_weight_blocks(n: int, h: int, w: int) -> int:
+    """Blocks along K (grid x) of the TF32 weight gradient at batch n: about one
+    a streaming multiprocessor, each at least GW_MIN_SLICES K-slices."""
+    slices = ceil_div(n * h * w, SLICE)
+    return max(1, min(sm_count(), ceil_div(slices, GW_MIN_SLICES)))
+
+
+def grad_weight_partials_size(n: int, c_in: int, c_out: int, h: int, w: int) -> int:
+    """float32 elements of the ``partials`` scratch of :func:`conv2d_grad_weight_tf32`."""
+    blocks = grad_weight_blocks(n, h, w) * (c_out // 64) * (c_in // SLICE)
+    return blocks * 64 * 9 * SLICE + blocks * 64
+
+
+def conv2d_grad_weight_tf32(dout, x, grad_w, grad_b, partials, stream=0) -> None:
+    """grad_w (Co, Ci, 3, 3) and grad_b (Co,) of conv3x3 (pad 1): the products in
+    TF32 on the tensor cores (split over the batch's pixels, partial sums added in
+    a fixed order), the bias sums in float32 / float64.
+
+    dout (N, Co, H, W) and x (N, Ci, H, W) float32 NCHW, as the step holds them;
+    partials: float32, at least :func:`grad_weight_partials_size` elements. Device
+    arrays; never synchronizes. Raises as :func:`conv2d_forward_tf32`.
+    """
+    require_tf32_convs()
+    for a, name in ((dout, "dout"), (x, "x")):
+        require_device_array(a, name, 4, np.float32)
+        if not a.is_c_contiguous():
+            raise ValueError(f"{name} must be C-contiguous; copy it first")
+    n, c_out, h, w = dout.shape
+    c_in = x.shape[1]
+    if x.shape != (n, c_in, h, w):
+        raise ValueError(
+            f"x must have shape {(n, c_in, h, w)} for dout {dout.shape}, got {x.shape}"
+        )
+    reason = supported(c_in, c_out, h, w)
+    if reason:
+        raise ValueError(reason)
+    require_device_array(grad_w, "grad_w", 4, np.float32)
+    if grad_w.shape != (c_out, c_in, 3, 3) or not grad_w.is_c_contiguous():
+        raise ValueError(f"grad_w must be C-contiguous {(c_out, c_in, 3, 3)}, got {grad_w.shape}")
+    require_device_array(grad_b, "grad_b", 1, np.float32)
+    if grad_b.shape != (c_out,):
+        raise ValueError(f"grad_b must have shape {(c_out,)}, got {grad_b.shape}")
+    need = grad_weight_partials_size(n, c_in, c_out, h, w)
+    require_device_array(partials, "partials", 1, np.float32)
+    if partials.size < need:
+        raise ValueError(f"partials must hold {need} float32 values, got {partials.size}")
+    if n * h * w * max(c_in, c_out) >= 2**31:
+        raise ValueError(f"batch {n} is too large for 32-bit offsets: split it")
+    kernel = make_conv3x3_grad_weight_wgmma(c_in, c_out, h, w)
+    k_total = n * h * w
+    blocks_x = grad_weight_blocks(n, h, w)
+    per_block = ceil_div(ceil_div(k_total, SLICE), blocks_x)
+    args = (dout.reshape(dout.size), x.reshape(x.size), partials[:need], per_block, k_total)
+    types = tuple(typeof(a) for a in args)
+    if types not in kernel.ready:
+        wg.set_dynamic_shared_memory(kernel, types, kernel.shared_bytes)
+        kernel.ready.add(types)
+    grid = (blocks_x, c_out // 64, c_in // SLICE)
+    kernel[grid, GW_THREADS, stream, kernel.shared_bytes](*args)
+    outputs = c_out * c_in * 9 + c_out
+    _sum_grad_weight_partials[ceil_div(outputs, 256), 256, stream](
+        partials[:need], grad_w.reshape(grad_w.size), grad_b, blocks_x, c_in, c_out
+    )

@@ -30,9 +30,11 @@ def has_wgmma() -> bool:
 
 
 hopper = pytest.mark.skipif(not has_wgmma(), reason="the TF32 kernels run only on a Hopper GPU")
-# conv2 of the capstone (32 -> 64 channels) on small images: 3 x 5 pixels leave
-# blocks part-filled; the real 14 x 14 too (196 pixels an image).
-SHAPES = [(1, 3, 5), (3, 14, 14), (5, 7, 9)]
+# conv2 of the capstone (32 -> 64 channels) on small images (H * W a multiple of 4,
+# as the kernels need and the capstone's always is): 2 x 6 leaves blocks
+# part-filled; the real 14 x 14 too (196 pixels an image); 40 x 14 x 14 gives the
+# weight gradient several K-blocks, the last one short.
+SHAPES = [(1, 2, 6), (3, 14, 14), (5, 6, 10)]
 
 
 # -- the reference's TF32 model (CPU) -----------------------------------------------
@@ -205,6 +207,31 @@ def test_grad_input_matches_float64_and_the_tf32_model(n, h, w, rng):
 
 
 @hopper
+@pytest.mark.parametrize(
+    "n, h, w, c_in, c_out",
+    [(*shape, 32, 64) for shape in SHAPES] + [(40, 14, 14, 32, 64), (2, 6, 10, 64, 128)],
+)
+def test_grad_weight_matches_float64_and_the_tf32_model(n, h, w, c_in, c_out, rng):
+    x, wt, _ = _conv_case(rng, n, h, w, c_in, c_out)
+    dout = rng.standard_normal((n, c_out, h, w)).astype(np.float32)
+    gw, gb = _nan((c_out, c_in, 3, 3)), _nan(c_out)
+    parts = _nan(tc.grad_weight_partials_size(n, c_in, c_out, h, w))
+    tc.conv2d_grad_weight_tf32(cuda.to_device(dout), cuda.to_device(x), gw, gb, parts)
+    got_w, got_b = gw.copy_to_host(), gb.copy_to_host()
+    _, ref_w, ref_b = reference.conv2d_backward(
+        dout.astype(np.float64), (x.astype(np.float64), wt, 1)
+    )
+    _, mag_w, mag_b = reference.conv2d_backward(np.abs(dout), (np.abs(x), wt, 1))
+    k = n * h * w
+    check(got_w, ref_w, tc.tf32_tolerance(ref_w, mag_w, k), "TF32 grad weight vs float64")
+    _, model_w, _ = reference.conv2d_backward(
+        reference.tf32_operand(dout), (reference.tf32_operand(x), wt, 1)
+    )
+    check(got_w, model_w, rounding_tolerance(model_w, mag_w, k, 0.0), "grad weight vs model")
+    check(got_b, ref_b, rounding_tolerance(ref_b, mag_b, k, 0.0), "grad bias (float32 sums)")
+
+
+@hopper
 def test_kernels_refuse_wrong_arrays():
     x = cuda.device_array((2, 4, 4, 32), np.float32)
     w_f = cuda.device_array((64, 3, 3, 32), np.float32)
@@ -213,7 +240,7 @@ def test_kernels_refuse_wrong_arrays():
     sums = cuda.device_array((1, 2, 64), np.float64)
     with pytest.raises(ValueError, match="bn_partials must have shape"):
         tc.conv2d_forward_tf32(x, w_f, b, out, cuda.device_array((2, 2, 64), np.float64))
-    with pytest.raises(ValueError, match="channel count"):
+    with pytest.raises(ValueError, match="needs c1 in"):
         tc.conv2d_forward_tf32(
             cuda.device_array((2, 4, 4, 16), np.float32),
             cuda.device_array((64, 3, 3, 16), np.float32),
