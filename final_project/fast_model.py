@@ -98,6 +98,12 @@ STAGES: tuple[str, ...] = tuple(v for k, v in vars(Stage).items() if k.isupper()
 PRECISIONS = ("fp32", "tf32")
 
 
+def tf32_refusal(config: NetConfig) -> str | None:
+    """Why precision "tf32" cannot run ``config`` (a sentence), or None: conv2's
+    sizes must be ones the TF32 kernels take (:func:`final_project.tf32_conv.supported`)."""
+    return tf32_conv.supported(config.c1, config.c2, config.height // 2, config.width // 2)
+
+
 def _no_mark(name: str) -> None:
     pass
 
@@ -169,9 +175,7 @@ class FastCNN(CNNBase, _Layer):
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         if precision == "tf32":
-            reason = tf32_conv.supported(
-                config.c1, config.c2, config.height // 2, config.width // 2
-            )
+            reason = tf32_refusal(config)
             if reason:
                 raise ValueError(f"precision 'tf32': {reason}; use precision 'fp32'")
             tf32_conv.require_tf32_convs()

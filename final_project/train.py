@@ -57,9 +57,9 @@ from numba import cuda
 from final_project import data as fdata
 from final_project import datasets, precompile
 from final_project.checks import check_train_step
-from final_project.fast_model import PRECISIONS, FastCNN
+from final_project.fast_model import PRECISIONS, FastCNN, tf32_refusal
 from final_project.model import NetConfig, NumbaCNN, init_params
-from final_project.tf32_conv import require_tf32_convs, supported
+from final_project.tf32_conv import require_tf32_convs
 
 DEFAULT_OUT = Path("runs") / "final_project"
 DEFAULT_LR = 0.05
@@ -275,7 +275,7 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     if args.precision == "tf32":
         if args.kernels != "fast":
             parser.error("--precision tf32 needs --kernels fast (the tensor-core kernels)")
-        reason = supported(args.c1, args.c2, args.image_size // 2, args.image_size // 2)
+        reason = tf32_refusal(net_config(args))
         if reason:
             parser.error(f"--precision tf32: {reason}")
         try:
