@@ -28,7 +28,12 @@ Three parts, one run:
    (``cudnn.benchmark`` off, torch's default) and by timing them
    (``+benchmark``), and the whole table twice (``--torch-precision``): torch in
    full FP32 (TF32 off, as our kernels), then with TF32 tensor cores on
-   (cuDNN's default for convolutions); our kernels are FP32 in both.
+   (cuDNN's default for convolutions); our kernels are FP32 in both. With
+   ``--precision tf32`` (ours with conv2 in TF32; torch then in TF32 unless
+   ``--torch-precision`` says otherwise) each torch configuration also runs in
+   mixed precision, its forward and loss under BF16 autocast (``torch eager
+   bf16-autocast``, ``torch eager bf16-autocast +benchmark``, ...), and "best
+   torch" is the fastest torch row, TF32 or BF16.
 3. On a GPU, the fast step stage by stage (:func:`stage_breakdown`): GPU time,
    GFLOP/s or GB/s, and the fraction of the device's measured peaks.
 
@@ -166,26 +171,50 @@ NAIVE_STEPS = 3  # steps per window of the naive kernels (hundreds of ms a step)
 
 # A torch configuration run with torch.backends.cudnn.benchmark on ends with this.
 BENCHMARK = " +benchmark"
+# A torch configuration whose forward and loss run under
+# torch.autocast(dtype=torch.bfloat16) has this after its name, before any BENCHMARK:
+# "torch eager bf16-autocast +benchmark".
+AUTOCAST = " bf16-autocast"
 # torch's precision in a timing table: "fp32" turns TF32 off for cuDNN and cuBLAS (our
 # kernels are FP32 throughout); "tf32" turns it on for both (PyTorch's default is on
 # for cuDNN convolutions, off for matmuls).
 TORCH_PRECISIONS = ("fp32", "tf32")
 
 
-def all_configs(device: torch.device) -> list[str]:
+def all_configs(device: torch.device, bf16_autocast: bool = False) -> list[str]:
     """Every configuration that runs here: OURS, then torch's on ``device``, each
-    torch one also with ``cudnn.benchmark`` on where cuDNN runs (CUDA)."""
+    torch one also under BF16 autocast (``AUTOCAST``) if ``bf16_autocast``, and
+    each of those also with ``cudnn.benchmark`` on where cuDNN runs (CUDA)."""
     names = ["torch " + c for c in available_configs(device)]
+    if bf16_autocast:
+        names = [n + a for n in names for a in ("", AUTOCAST)]
     if torch.device(device).type == "cuda":
         names = [n + b for n in names for b in ("", BENCHMARK)]
     return list(OURS) + names
 
 
-def torch_step_args(name: str) -> tuple[str, bool]:
-    """("eager", True) for "torch eager +benchmark": the torch_configs name and
-    whether cudnn.benchmark is on."""
+def runnable_configs(device: torch.device, *, tiny: bool, precision: str) -> list[str]:
+    """The configurations ``main`` may time, and times unless ``--configs`` picks.
+
+    ``tiny`` (the simulator's run): "numba naive eager" and "torch eager" only,
+    one a side (simulated fast kernels take minutes a step). Else
+    :func:`all_configs`, with the BF16-autocast torch rows when our
+    ``precision`` is "tf32": once ours leave FP32, torch races in its own
+    reduced precisions too.
+    """
+    if tiny:
+        return ["numba naive eager", "torch eager"]
+    return all_configs(device, bf16_autocast=precision == "tf32")
+
+
+def torch_step_args(name: str) -> tuple[str, bool, torch.dtype | None]:
+    """("eager", True, torch.bfloat16) for "torch eager bf16-autocast +benchmark":
+    the torch_configs name, whether cudnn.benchmark is on, and the dtype of the
+    forward's autocast (None: no autocast); ``make_torch_step``'s arguments."""
     bench = name.endswith(BENCHMARK)
-    return name.removeprefix("torch ").removesuffix(BENCHMARK), bench
+    name = name.removesuffix(BENCHMARK)
+    amp = torch.bfloat16 if name.endswith(AUTOCAST) else None
+    return name.removeprefix("torch ").removesuffix(AUTOCAST), bench, amp
 
 
 def set_torch_precision(precision: str) -> None:
@@ -202,8 +231,9 @@ def set_torch_precision(precision: str) -> None:
 
 
 def summarise(row: dict[str, Any]) -> dict[str, Any]:
-    """Add "best_torch" (the fastest torch configuration) and
-    "fast_graph_over_best_torch" to a timing row, where both sides were timed."""
+    """Add "best_torch" (the fastest torch configuration, in any precision: its
+    BF16-autocast rows too) and "fast_graph_over_best_torch" to a timing row,
+    where both sides were timed."""
     row.pop("best_torch", None)
     row.pop("fast_graph_over_best_torch", None)
     torch_ms = {k: v for k, v in row["ms"].items() if k.startswith("torch") and v}
@@ -318,8 +348,10 @@ def time_steps(
             y = torch.empty(batch_size, dtype=torch.int64, device=device)
             x.copy_(xs[0])
             y.copy_(ys[0])
-            mode, bench = torch_step_args(name)
-            ts = make_torch_step(mode, config, init, x, y, lr, device, cudnn_benchmark=bench)
+            mode, bench, amp = torch_step_args(name)
+            ts = make_torch_step(
+                mode, config, init, x, y, lr, device, cudnn_benchmark=bench, autocast=amp
+            )
 
             def run(k: int, ts=ts, x=x, y=y, counter=counter) -> None:
                 for _ in range(k):
@@ -583,6 +615,11 @@ def format_timing_table(
         lines.append(f"  ({common.timing.SIMULATOR_NOTE})")
     sizes = [r["batch_size"] for r in rows]
     names = list(rows[0]["ms"])
+    if any(AUTOCAST in n for n in names):
+        lines.append(
+            f"  ({AUTOCAST.strip()}: torch's forward and loss under "
+            "torch.autocast(dtype=torch.bfloat16); best torch is the fastest torch row)"
+        )
     # wide enough for the longest best-torch name ("compile-reduce-overhead") and a gap
     width = 2 + max(13, *(len(r.get("best_torch", "").removeprefix("torch ")) for r in rows))
     label = max([34] + [len(name) + 1 for name in names])  # the longest configuration name
@@ -660,7 +697,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ]
         if tf32 and len(tf32) == len(rows):
             best = [r["ms"][r["best_torch"]] for r in tf32]
-            ax2.plot(bs, best, "k:", marker="^", label="best torch, TF32 on")
+            bf16 = any(AUTOCAST in r["best_torch"] for r in tf32)
+            label = "best torch, TF32 on" + (" or BF16 autocast" if bf16 else "")
+            ax2.plot(bs, best, "k:", marker="^", label=label)
         ax2.set_xscale("log", base=2)
         ax2.set_yscale("log")
         ax2.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5))
@@ -737,8 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         help="configurations to time (default: all that run here): "
         + ", ".join(OURS)
         + ", torch eager, torch compile, "
-        f"torch compile-reduce-overhead, torch cuda-graph, and on a GPU each torch one "
-        f"with '{BENCHMARK.strip()}' after it (cudnn.benchmark on)",
+        "torch compile-reduce-overhead, torch cuda-graph; with --precision tf32 each "
+        f"torch one also with '{AUTOCAST.strip()}' after it (forward and loss under "
+        "torch.autocast(dtype=torch.bfloat16)); and on a GPU each torch one also with "
+        f"'{BENCHMARK.strip()}' last (cudnn.benchmark on), e.g. "
+        f"'torch eager{AUTOCAST}{BENCHMARK}'",
     )
     p.add_argument(
         "--breakdown-repeats",
@@ -753,7 +795,8 @@ def main(argv: list[str] | None = None) -> int:
         help="torch's arithmetic in the timing tables: fp32 (TF32 off), "
         "tf32 (TF32 tensor cores on for cuDNN and cuBLAS; PyTorch's default is on for "
         "convolutions) or both, a table each (default: tf32 with --precision tf32, "
-        "else both on a GPU, fp32 elsewhere). Ours follow --precision",
+        "else both on a GPU, fp32 elsewhere). Ours follow --precision; with "
+        "--precision tf32 each table also races torch under BF16 autocast",
     )
     p.add_argument(
         "--torch-tf32",
@@ -779,14 +822,15 @@ def main(argv: list[str] | None = None) -> int:
     if min(time_steps_n, windows, args.naive_steps) < 1 or warmup < 0:
         p.error("--time-steps, --time-windows and --naive-steps must be >= 1, --time-warmup >= 0")
     device = torch_device()
-    # The tiny (simulator) run exercises the path with one configuration a side:
-    # simulated fast kernels take minutes a step, and torch there is on the CPU.
-    runnable = ["numba naive eager", "torch eager"] if tiny else all_configs(device)
+    runnable = runnable_configs(device, tiny=tiny, precision=args.precision)
     if args.configs:
         configs = [c.strip() for c in args.configs.split(",") if c.strip()]
         unknown = [c for c in configs if c not in runnable]
         if unknown:
-            p.error(f"--configs: {unknown} cannot run here; choose from {runnable}")
+            why = ""
+            if args.precision != "tf32" and any(AUTOCAST in c for c in unknown):
+                why = f" ('{AUTOCAST.strip()}' rows come with --precision tf32)"
+            p.error(f"--configs: {unknown} cannot run here{why}; choose from {runnable}")
     else:
         configs = runnable
     if args.torch_precision is None and args.precision == "tf32":

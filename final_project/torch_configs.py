@@ -14,6 +14,18 @@ Each can run with ``cudnn_benchmark=True`` (``torch.backends.cudnn.benchmark``, 
 a user chasing speed sets): cuDNN then times its convolution algorithms on the
 first call at each shape and keeps the fastest, instead of picking by heuristics.
 
+Each can also run in mixed precision, ``autocast=torch.bfloat16``: the forward and
+the loss under ``torch.autocast(device_type, dtype=torch.bfloat16)``, the backward
+and the SGD update outside it, as PyTorch's "Automatic Mixed Precision" recipe and
+the ``torch.autocast`` docs prescribe. Autocast runs the convolutions and the
+linear layers in BF16 (tensor cores on the GPU, float32 accumulation) and the
+cross-entropy in float32; weights, gradients and the update stay float32. BF16
+has float32's exponent range, so no GradScaler. Every configuration keeps the
+region: "compile" and "compile-reduce-overhead" call the compiled forward inside
+it (dynamo guards on the autocast state and traces the BF16 casts into the
+graph it compiles), "cuda-graph" warms up and captures the step with the region
+in it, so each replay runs the casts and the BF16 kernels.
+
 Every configuration starts from the same weights (``TorchCNN.from_state_dict``),
 trains with plain SGD (``torch.optim.SGD(lr=lr)``) and reads its batch from two
 static device tensors that the caller refills in place, so the configurations
@@ -22,6 +34,7 @@ differ only in how the step is launched. Usage::
     x = torch.empty(64, 1, 28, 28, device="cuda")
     y = torch.empty(64, dtype=torch.int64, device="cuda")
     step = make_torch_step("cuda-graph", config, init_params(config, 0), x, y, 0.05, "cuda")
+    # or make_torch_step(..., cudnn_benchmark=True, autocast=torch.bfloat16)
     for xb, yb in batches:                 # pinned host tensors
         x.copy_(xb, non_blocking=True)
         y.copy_(yb, non_blocking=True)
@@ -32,7 +45,9 @@ differ only in how the step is launched. Usage::
 Methods from PyTorch's documentation: ``torch.compile`` and its modes
 (https://pytorch.org/docs/stable/generated/torch.compile.html), compiled
 optimizers (the "Compiling the optimizer with torch.compile" recipe), CUDA graphs
-"whole network capture" (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs).
+"whole network capture" (https://pytorch.org/docs/stable/notes/cuda.html#cuda-graphs),
+"Automatic Mixed Precision" (https://pytorch.org/docs/stable/amp.html, the
+``torch.autocast`` reference and the "Automatic Mixed Precision" recipe).
 """
 
 from __future__ import annotations
@@ -53,7 +68,7 @@ import torch
 import torch.nn.functional as F
 
 from final_project.model import NetConfig
-from final_project.torch_twin import TorchCNN, torch_train_step
+from final_project.torch_twin import TorchCNN, forward_autocast, torch_train_step
 
 TORCH_CONFIGS = ("eager", "compile", "compile-reduce-overhead", "cuda-graph")
 _GPU_ONLY = ("compile-reduce-overhead", "cuda-graph")
@@ -167,6 +182,7 @@ def make_torch_step(
     lr: float,
     device: torch.device | str,
     cudnn_benchmark: bool = False,
+    autocast: torch.dtype | None = None,
 ) -> TorchStep:
     """A fresh twin of ``state`` and its training step in configuration ``config_name``.
 
@@ -185,6 +201,11 @@ def make_torch_step(
         cudnn_benchmark: run the step (and the cuda-graph warm-up and capture)
             with ``torch.backends.cudnn.benchmark`` on; the flag is put back as
             it was after each call. False leaves the flag as the caller set it.
+        autocast: None (the default): the step in the model's float32.
+            ``torch.bfloat16``: the forward and the loss under
+            ``torch.autocast(device.type, dtype=torch.bfloat16)`` in every
+            configuration (see the module docstring); the loss is still a
+            float32 tensor, the parameters float32.
 
     Returns:
         TorchStep(run, loss, model). The work each configuration does before
@@ -197,7 +218,8 @@ def make_torch_step(
         counters back as they were, so its first ``run()`` is the first step,
         exactly as for the others.
 
-    Precision: the global TF32 switches are left alone. For an FP32
+    Precision: the global TF32 switches are left alone (under BF16 autocast
+    they matter only for what autocast leaves in float32). For an FP32
     comparison (our kernels are FP32) the caller must set
     ``torch.backends.cuda.matmul.allow_tf32 = False`` and
     ``torch.backends.cudnn.allow_tf32 = False`` before building the step
@@ -220,11 +242,14 @@ def make_torch_step(
             a configuration that cannot run on ``device`` ("cuda-graph" and
             "compile-reduce-overhead" need a CUDA GPU; "compile" needs a C++
             compiler on the CPU, Triton on the GPU); x or y of the wrong shape,
-            dtype or device.
+            dtype or device; an ``autocast`` dtype other than None or
+            torch.bfloat16 (float16 would need a GradScaler).
         RuntimeError: ``state`` does not fit the network (from
-            ``TorchCNN.from_state_dict``).
+            ``TorchCNN.from_state_dict``); BF16 autocast on a GPU without BF16
+            (from ``torch.autocast``).
     """
     device = torch.device(device)
+    forward_autocast(device.type, autocast)  # a bad dtype fails here, before any work
     reason = _why_unavailable(config_name, device)
     if reason is not None:
         raise ValueError(
@@ -238,12 +263,12 @@ def make_torch_step(
     if config_name == "cuda-graph":
         # the algorithms are chosen in the warm-up and fixed by the capture
         with _cudnn_benchmark(True) if cudnn_benchmark else contextlib.nullcontext():
-            return _cuda_graph_step(model, opt, x, y)
+            return _cuda_graph_step(model, opt, x, y, autocast)
     if config_name == "eager":
-        step = _eager_step(model, opt, x, y)
+        step = _eager_step(model, opt, x, y, autocast)
     else:
         mode = "reduce-overhead" if config_name == "compile-reduce-overhead" else None
-        step = _compiled_step(model, opt, x, y, mode)
+        step = _compiled_step(model, opt, x, y, mode, autocast)
     if not cudnn_benchmark:
         return step
 
@@ -270,22 +295,34 @@ def _nan_loss(device: torch.device) -> torch.Tensor:
 
 
 def _eager_step(
-    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    model: TorchCNN,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: torch.dtype | None,
 ) -> TorchStep:
     last = [_nan_loss(x.device)]
 
     def run() -> None:
-        last[0] = torch_train_step(model, opt, x, y)
+        last[0] = torch_train_step(model, opt, x, y, autocast)
 
     return TorchStep(run, lambda: last[0].clone(), model)
 
 
 def _compiled_step(
-    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, mode: str | None
+    model: TorchCNN,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    mode: str | None,
+    autocast: torch.dtype | None,
 ) -> TorchStep:
     # The module is compiled (dynamo traces forward, AOTAutograd
     # derives the backward, inductor fuses both) and so is the optimizer step,
     # which eagerly is one foreach launch per group; the loss stays eager.
+    # Under autocast the compiled forward is called inside the region: the
+    # autocast state is part of dynamo's guards, so the graph it compiles (on the
+    # first call, inside the region) holds the BF16 casts and kernels.
     torch.compiler.reset()  # see make_torch_step: else the 9th build runs eagerly
     forward = torch.compile(model, mode=mode, dynamic=False)
 
@@ -302,7 +339,8 @@ def _compiled_step(
             # this step may replay over their memory (else it re-records).
             torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward(x), y.long())
+        with forward_autocast(x.device.type, autocast):
+            loss = F.cross_entropy(forward(x), y.long())
         loss.backward()
         sgd_update()
         last[0] = loss.detach()
@@ -311,7 +349,11 @@ def _compiled_step(
 
 
 def _cuda_graph_step(
-    model: TorchCNN, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    model: TorchCNN,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: torch.dtype | None,
 ) -> TorchStep:
     # PyTorch's "whole network capture" recipe. Capture records kernels without
     # running them, so everything that allocates or initialises lazily (cuBLAS
@@ -322,7 +364,7 @@ def _cuda_graph_step(
     side.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(side):
         for _ in range(CUDA_GRAPH_WARMUP_STEPS):
-            torch_train_step(model, opt, x, y)
+            torch_train_step(model, opt, x, y, autocast)
     torch.cuda.current_stream(x.device).wait_stream(side)
     # The warm-up trained; undo it in place (same storage, which the graph will
     # read) so the first replay is the first step, as in the other configurations.
@@ -335,8 +377,12 @@ def _cuda_graph_step(
     # them in the graph's private pool and each replay overwrites them: no
     # zero_grad inside the graph, and no accumulation across replays.
     opt.zero_grad(set_to_none=True)
+    # Autocast's cache of cast weights is off in the capture, as
+    # torch.cuda.make_graphed_callables requires of autocast around captured
+    # work; each weight is cast once a step anyway, so the step is the same.
     with torch.cuda.graph(graph):
-        static_loss = F.cross_entropy(model(x), y.long())
+        with forward_autocast(x.device.type, autocast, cache_enabled=False):
+            static_loss = F.cross_entropy(model(x), y.long())
         static_loss.backward()
         opt.step()
     static_loss = static_loss.detach()

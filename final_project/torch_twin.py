@@ -9,10 +9,12 @@ so ``state_dict()`` keys are identical and weights move both ways. Usage::
     twin = TorchCNN.from_state_dict(config, model.state_dict(), device="cuda")
     opt = torch.optim.SGD(twin.parameters(), lr=0.05)
     loss = torch_train_step(twin, opt, x, y)
+    loss = torch_train_step(twin, opt, x, y, autocast=torch.bfloat16)  # mixed precision
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -68,17 +70,60 @@ class TorchCNN(nn.Module):
         return model.to(device=device, dtype=dtype)
 
 
+# The autocast dtypes the step takes: bfloat16 keeps float32's 8-bit exponent, so
+# small gradients do not underflow and no loss scaling (GradScaler) is needed.
+AUTOCAST_DTYPES = (torch.bfloat16,)
+
+
+def forward_autocast(
+    device_type: str, dtype: torch.dtype | None, cache_enabled: bool = True
+) -> contextlib.AbstractContextManager:
+    """The region the forward and the loss run in: ``torch.autocast(device_type,
+    dtype=dtype, cache_enabled=cache_enabled)``, or a null context for ``dtype`` None.
+
+    Inside it autocast runs the convolutions and matmuls (conv2d, linear) in
+    ``dtype`` with float32 accumulation and the cross-entropy in float32; the
+    weights stay float32 and so do their gradients. The method is PyTorch's
+    "Automatic Mixed Precision" recipe (the ``torch.autocast`` and
+    ``torch.amp`` docs): autocast around the forward and the loss only.
+
+    Raises:
+        ValueError: ``dtype`` is neither None nor one of AUTOCAST_DTYPES (float16
+            would need a GradScaler against gradient underflow, which the step
+            does not have).
+    """
+    if dtype is None:
+        return contextlib.nullcontext()
+    if dtype not in AUTOCAST_DTYPES:
+        raise ValueError(
+            f"autocast dtype must be None or torch.bfloat16, got {dtype}: float16 would "
+            "need loss scaling (torch.amp.GradScaler), which this step does not do"
+        )
+    return torch.autocast(device_type, dtype=dtype, cache_enabled=cache_enabled)
+
+
 def torch_train_step(
-    model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    autocast: torch.dtype | None = None,
 ) -> torch.Tensor:
     """zero_grad, forward (train mode), cross-entropy (mean), backward, optimizer step.
 
-    x (N, C, H, W) float, y (N,) integer labels, on the model's device. Returns
-    the loss before the step as a detached 0-d tensor (no host sync).
+    x (N, C, H, W) float, y (N,) integer labels, on the model's device.
+    ``autocast`` (None or torch.bfloat16): the forward and the loss run under
+    :func:`forward_autocast`; the backward and the update outside it, as
+    PyTorch's AMP recipe says. Returns the loss before the step as a detached
+    0-d tensor (no host sync), float32 under autocast.
+
+    Raises:
+        ValueError: another ``autocast`` dtype (see :func:`forward_autocast`).
     """
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y.long())
+    with forward_autocast(x.device.type, autocast):
+        loss = F.cross_entropy(model(x), y.long())
     loss.backward()
     optimizer.step()
     return loss.detach()

@@ -14,6 +14,7 @@ import torch
 from final_project import compare
 from final_project.fast_model import STAGES
 from final_project.model import NetConfig
+from final_project.torch_configs import make_torch_step
 
 TINY = NetConfig(height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
 
@@ -94,11 +95,111 @@ def test_benchmark_variants_only_where_cudnn_runs(monkeypatch):
         "torch cuda-graph +benchmark",
     ]
     assert [compare.torch_step_args(c) for c in gpu[len(compare.OURS) :]] == [
-        ("eager", False),
-        ("eager", True),
-        ("cuda-graph", False),
-        ("cuda-graph", True),
+        ("eager", False, None),
+        ("eager", True, None),
+        ("cuda-graph", False, None),
+        ("cuda-graph", True, None),
     ]
+
+
+def test_bf16_autocast_rows_come_with_our_tf32(monkeypatch):
+    """With ours in TF32, each torch configuration also runs under BF16 autocast,
+    with and without +benchmark on a GPU; the names parse to make_torch_step's
+    arguments. Ours in FP32, and the tiny run, have none."""
+    cpu = torch.device("cpu")
+    assert not any(compare.AUTOCAST in c for c in compare.all_configs(cpu))
+    assert not any(
+        compare.AUTOCAST in c for c in compare.runnable_configs(cpu, tiny=False, precision="fp32")
+    )
+    assert compare.runnable_configs(cpu, tiny=True, precision="tf32") == [
+        "numba naive eager",
+        "torch eager",
+    ]
+    assert "torch eager bf16-autocast" in compare.runnable_configs(
+        cpu, tiny=False, precision="tf32"
+    )
+    monkeypatch.setattr(compare, "available_configs", lambda device: ("eager", "cuda-graph"))
+    gpu = compare.runnable_configs(torch.device("cuda"), tiny=False, precision="tf32")
+    torch_rows = gpu[len(compare.OURS) :]
+    assert torch_rows == [
+        "torch eager",
+        "torch eager +benchmark",
+        "torch eager bf16-autocast",
+        "torch eager bf16-autocast +benchmark",
+        "torch cuda-graph",
+        "torch cuda-graph +benchmark",
+        "torch cuda-graph bf16-autocast",
+        "torch cuda-graph bf16-autocast +benchmark",
+    ]
+    bf16 = torch.bfloat16
+    assert [compare.torch_step_args(c) for c in torch_rows] == [
+        ("eager", False, None),
+        ("eager", True, None),
+        ("eager", False, bf16),
+        ("eager", True, bf16),
+        ("cuda-graph", False, None),
+        ("cuda-graph", True, None),
+        ("cuda-graph", False, bf16),
+        ("cuda-graph", True, bf16),
+    ]
+
+
+def test_time_steps_builds_a_bf16_row_with_autocast(monkeypatch):
+    """A bf16-autocast name reaches make_torch_step as autocast=torch.bfloat16 and
+    its step runs (on the CPU; in the simulator only its warm-up step)."""
+    built = []
+
+    def recording(*args, **kw):
+        built.append((args[0], kw["cudnn_benchmark"], kw["autocast"]))
+        return make_torch_step(*args, **kw)
+
+    monkeypatch.setattr(compare, "make_torch_step", recording)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    labels = rng.integers(0, TINY.num_classes, 8).astype(np.int32)
+    row = compare.time_steps(
+        TINY,
+        images,
+        labels,
+        4,
+        lr=0.05,
+        seed=0,
+        device=torch.device("cpu"),
+        configs=["torch eager", "torch eager bf16-autocast"],
+        steps=1,
+        windows=1,
+        warmup=1,
+    )
+    assert built == [("eager", False, None), ("eager", False, torch.bfloat16)]
+    assert list(row["ms"]) == ["torch eager", "torch eager bf16-autocast"]
+
+
+def test_best_torch_is_a_bf16_row_when_it_is_fastest():
+    row = compare.summarise(
+        {
+            "batch_size": 256,
+            "ms": {
+                "numba fast graph": 0.5,
+                "torch cuda-graph": 1.1,
+                "torch cuda-graph bf16-autocast": 0.8,
+                "torch cuda-graph bf16-autocast +benchmark": 0.4,
+            },
+        }
+    )
+    assert row["best_torch"] == "torch cuda-graph bf16-autocast +benchmark"
+    assert row["fast_graph_over_best_torch"] == pytest.approx(0.5 / 0.4)
+    table = compare.format_timing_table([row], "GPU", "cuda", "tf32", "tf32").splitlines()
+    assert "bf16-autocast: torch's forward and loss under torch.autocast" in table[1]
+    assert table[-2].split()[-1] == "1.25x"
+    assert table[-1].split()[-2:] == ["bf16-autocast", "+benchmark"]
+
+
+def test_bf16_rows_without_our_tf32_are_refused_saying_why(capsys):
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--timing-only", "--configs", "torch eager bf16-autocast"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "'torch eager bf16-autocast'" in err and "come with --precision tf32" in err
 
 
 @pytest.mark.parametrize("precision,on", [("fp32", False), ("tf32", True)])

@@ -307,3 +307,99 @@ def test_gpu_cudnn_benchmark_matches_eager(fp32_cuda, rng, name):
     # after 3 steps on an H100. A wrong step errs by the size of its updates.
     _check_states(other, eager, magnitudes, 32 * config.height * config.width, name, 1e-3)
     assert torch.backends.cudnn.benchmark is False
+
+
+# A BF16 rounding in float32 ones (eps 2**-8 against 2**-24), for rounding_tolerance.
+BF16_ROUNDING = 2**16
+
+
+def test_bf16_autocast_step_runs_the_layers_in_bf16(rng):
+    """autocast=torch.bfloat16: conv and linear outputs are BF16 (seen by forward
+    hooks), the loss is float32 (so the cross-entropy ran inside the region) and
+    within BF16's rounding of the FP32 step's (1.9e-3 at most over 1000 draws),
+    yet not equal to it; the parameters stay float32, and fc2's update is the
+    FP32 step's to BF16 rounding (2.7% at most over 1000 draws; a skipped update
+    errs by 100%). The earlier layers' updates are not compared: their gradients
+    sum terms that cancel through batchnorm, on 4 images of 8x8, and a BF16 step
+    moves them by up to 100% of the FP32 update on such tiny draws."""
+    state = init_params(SMALL, int(rng.integers(1000)))
+    x, y = _batch(SMALL, 4, rng)
+    plain = make_torch_step("eager", SMALL, state, x, y, LR, "cpu")
+    amp = make_torch_step("eager", SMALL, state, x, y, LR, "cpu", autocast=torch.bfloat16)
+    seen = {}
+    for layer in ("conv1", "conv2", "fc1", "fc2"):
+        getattr(amp.model, layer).register_forward_hook(
+            lambda module, args, out, layer=layer: seen.__setitem__(layer, out.dtype)
+        )
+    plain.run()
+    amp.run()
+    assert seen == dict.fromkeys(("conv1", "conv2", "fc1", "fc2"), torch.bfloat16)
+    assert not torch.is_autocast_enabled("cpu"), "the autocast region leaked out of the step"
+    loss, ref = amp.loss(), plain.loss()
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    check(loss, ref, 1e-2, "bf16-autocast loss against the fp32 step's")
+    assert float(loss) != float(ref), "same loss as FP32: did autocast run at all?"
+    after, ref_after = _state(amp), _state(plain)
+    for name in PARAM_NAMES:
+        assert after[name].dtype == torch.float32, f"{name} left float32"
+        assert torch.isfinite(after[name]).all(), f"{name} is not finite after the step"
+    for name in ("fc2.weight", "fc2.bias"):
+        start = torch.from_numpy(state[name])
+        check(after[name] - start, ref_after[name] - start, 1e-1, f"{name}'s bf16-autocast update")
+
+
+def test_bf16_autocast_with_cudnn_benchmark_is_the_same_step(rng):
+    state = init_params(SMALL, int(rng.integers(1000)))
+    x, y = _batch(SMALL, 4, rng)
+    amp = make_torch_step("eager", SMALL, state, x, y, LR, "cpu", autocast=torch.bfloat16)
+    both = make_torch_step(
+        "eager", SMALL, state, x, y, LR, "cpu", cudnn_benchmark=True, autocast=torch.bfloat16
+    )
+    amp.run()
+    both.run()
+    assert torch.equal(both.loss(), amp.loss())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_other_autocast_dtypes_are_refused(dtype):
+    x, y = _batch(SMALL, 4, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="None or torch.bfloat16.*GradScaler"):
+        make_torch_step("eager", SMALL, init_params(SMALL, 0), x, y, LR, "cpu", autocast=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cuda-graph", "compile-reduce-overhead", "compile"])
+def test_gpu_bf16_autocast_config_matches_eager(fp32_cuda, rng, name):
+    """Under BF16 autocast every configuration trains the eager BF16-autocast step:
+    3 steps on 3 batches, within BF16's rounding (inductor may keep intermediates
+    in float32 where eager rounds them to BF16), and its logits are BF16 (a hook
+    on fc2: it runs while dynamo traces and replays its side effects, and while
+    the CUDA graph is warmed up and captured)."""
+    device = fp32_cuda
+    if name not in available_configs(device):
+        pytest.skip(f"{name} is not available on this GPU (see available_configs)")
+    config = NetConfig()
+    state = init_params(config, int(rng.integers(1000)))
+    batches = [_batch(config, 32, rng, device) for _ in range(3)]
+    results, seen, magnitudes = {}, [], {}
+    for cfg in ("eager", name):
+        x, y = _batch(config, 32, rng, device)
+        step = make_torch_step(cfg, config, state, x, y, LR, device, autocast=torch.bfloat16)
+        if cfg == "eager":
+            magnitudes = _bn_shift_magnitudes(step)
+        else:
+            step.model.fc2.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+        results[cfg] = (_run_steps(step, x, y, batches), _state(step))
+    (loss_e, eager), (loss_n, other) = results["eager"], results[name]
+    assert seen and set(seen) == {torch.bfloat16}, f"{name}: fc2 gave {set(seen)}"
+    assert loss_n.dtype == torch.float32 and torch.isfinite(loss_n).all()
+    check(loss_n, loss_e, 2e-2, f"{name} bf16-autocast: losses of 3 steps")
+    # The batchnorm shifts sum gradients that cancel, each rounded a few times to
+    # BF16 (in its own order by each configuration): allowed 4 BF16 roundings of
+    # the terms. The running means (also sums that may cancel) are left out.
+    for key in (*PARAM_NAMES, "bn1.running_var", "bn2.running_var"):
+        tol = 2e-2
+        if key in magnitudes:
+            tol = rounding_tolerance(eager[key], magnitudes[key], 4 * BF16_ROUNDING, tol)
+        check(other[key], eager[key], tol, f"{name} bf16-autocast: {key} after 3 steps")
+    assert int(other["bn1.num_batches_tracked"]) == 3, "warm-up steps were not undone"
