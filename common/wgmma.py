@@ -83,7 +83,7 @@ Accumulate Instructions"; CUTLASS ``cute/arch/mma_sm90_desc.hpp`` and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -395,3 +395,38 @@ def intrinsic_named(name: str) -> Any:
         require_wgmma()
         raise KeyError(f"no wgmma intrinsic {name!r}; have {sorted(_FUNCTIONS)}")
     return _FUNCTIONS[name]
+
+
+class Pipeline(NamedTuple):
+    """The intrinsics of one wgmma kernel with a ``cp.async`` pipeline, by role
+    (:func:`pipeline_intrinsics`). A kernel factory unpacks them into local names,
+    which Numba then compiles as calls: ``mma, zeros, ... = pipeline_intrinsics(...)``."""
+
+    mma: Any  # (acc, desc_a, desc_b) -> acc: one wgmma of the precision and N
+    zeros: Any  # () -> acc of zeros
+    shared_address: Any
+    make_descriptor: Any
+    fence_proxy_async: Any
+    wgmma_fence: Any
+    wgmma_commit: Any
+    wgmma_wait0: Any
+    wgmma_wait1: Any
+    store_accumulators: Any
+    cp_async_4: Any
+    cp_async_16: Any
+    cp_async_commit: Any
+    cp_async_wait: Any  # wait until at most stages - 3 groups are in flight
+
+
+def pipeline_intrinsics(precision: str, n: int, stages: int) -> Pipeline:
+    """The intrinsics a kernel of ``stages`` shared-memory stages (3 or more: two
+    slices in flight past the one multiplied, less one) needs, for wgmma in
+    ``precision`` with N = ``n``. RuntimeError in the simulator."""
+    if not 3 <= stages <= 6:
+        raise ValueError(f"a pipeline needs 3 to 6 stages, got {stages}")
+    return Pipeline(
+        intrinsic_named(f"wgmma_{precision}_m64n{n}"),
+        intrinsic_named(f"wgmma_zeros_{n}"),
+        *(intrinsic_named(name) for name in Pipeline._fields[2:-1]),
+        intrinsic_named(f"cp_async_wait{stages - 3}"),
+    )

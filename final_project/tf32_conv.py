@@ -209,19 +209,22 @@ def make_conv3x3_wgmma(c_gather: int, n_out: int, h: int, w: int, forward: bool)
     b_rows = max(1, n_out // 32)  # B rows a thread copies, 32 at a time
     rows = BM // 32  # A rows a thread copies
     sign = 1 if forward else -1  # the input gradient reads tap (kh, kw) at -(kh - 1, kw - 1)
-    mma = wg.intrinsic_named(f"wgmma_tf32_m64n{n_out}")
-    zeros = wg.intrinsic_named(f"wgmma_zeros_{n_out}")
-    shared_address = wg.intrinsic_named("shared_address")
-    make_descriptor = wg.intrinsic_named("make_descriptor")
-    fence_proxy_async = wg.intrinsic_named("fence_proxy_async")
-    wgmma_fence = wg.intrinsic_named("wgmma_fence")
-    wgmma_commit = wg.intrinsic_named("wgmma_commit")
-    wgmma_wait0 = wg.intrinsic_named("wgmma_wait0")
-    wgmma_wait1 = wg.intrinsic_named("wgmma_wait1")
-    store_accumulators = wg.intrinsic_named("store_accumulators")
-    cp_async_16 = wg.intrinsic_named("cp_async_16")
-    cp_async_commit = wg.intrinsic_named("cp_async_commit")
-    cp_async_wait = wg.intrinsic_named(f"cp_async_wait{STAGES - 3}")
+    (
+        mma,
+        zeros,
+        shared_address,
+        make_descriptor,
+        fence_proxy_async,
+        wgmma_fence,
+        wgmma_commit,
+        wgmma_wait0,
+        wgmma_wait1,
+        store_accumulators,
+        _,
+        cp_async_16,
+        cp_async_commit,
+        cp_async_wait,
+    ) = wg.pipeline_intrinsics("tf32", n_out, STAGES)
     swizzle = jit(device=True, forceinline=True)(wg.swizzle_offset)
 
     @jit(device=True, forceinline=True)
@@ -490,20 +493,22 @@ def make_conv3x3_grad_weight_wgmma(c_in: int, c_out: int, h: int, w: int):
     stage_bytes = a_bytes + n_cols * 128
     cols_wg = GW_TAPS * SLICE  # 96 columns a warpgroup
     regs = cols_wg // 2
-    mma = wg.intrinsic_named(f"wgmma_tf32_m64n{cols_wg}")
-    zeros = wg.intrinsic_named(f"wgmma_zeros_{cols_wg}")
-    shared_address = wg.intrinsic_named("shared_address")
-    make_descriptor = wg.intrinsic_named("make_descriptor")
-    fence_proxy_async = wg.intrinsic_named("fence_proxy_async")
-    wgmma_fence = wg.intrinsic_named("wgmma_fence")
-    wgmma_commit = wg.intrinsic_named("wgmma_commit")
-    wgmma_wait0 = wg.intrinsic_named("wgmma_wait0")
-    wgmma_wait1 = wg.intrinsic_named("wgmma_wait1")
-    store_accumulators = wg.intrinsic_named("store_accumulators")
-    cp_async_4 = wg.intrinsic_named("cp_async_4")
-    cp_async_16 = wg.intrinsic_named("cp_async_16")
-    cp_async_commit = wg.intrinsic_named("cp_async_commit")
-    cp_async_wait = wg.intrinsic_named(f"cp_async_wait{STAGES - 3}")
+    (
+        mma,
+        zeros,
+        shared_address,
+        make_descriptor,
+        fence_proxy_async,
+        wgmma_fence,
+        wgmma_commit,
+        wgmma_wait0,
+        wgmma_wait1,
+        store_accumulators,
+        cp_async_4,
+        cp_async_16,
+        cp_async_commit,
+        cp_async_wait,
+    ) = wg.pipeline_intrinsics("tf32", cols_wg, STAGES)
     swizzle = jit(device=True, forceinline=True)(wg.swizzle_offset)
 
     @jit(device=True, forceinline=True)

@@ -119,6 +119,16 @@ def _inductor_cannot_compile() -> str | None:
     return None
 
 
+def _gpu_case(device, rng, name):
+    """(device, config, state, 3 batches) for a GPU test of configuration ``name``
+    on the capstone's full-size network; skips where ``name`` cannot run."""
+    if name not in available_configs(device):
+        pytest.skip(f"{name} is not available on this GPU (see available_configs)")
+    config = NetConfig()
+    state = init_params(config, int(rng.integers(1000)))
+    return device, config, state, [_batch(config, 32, rng, device) for _ in range(3)]
+
+
 def _run_steps(step, x, y, batches):
     losses = []
     for xb, yb in batches:
@@ -239,12 +249,7 @@ def _check_states(other, eager, magnitudes, terms, what, tol=1e-4):
 def test_gpu_config_matches_eager(fp32_cuda, rng, name):
     """3 steps on 3 batches refilled in place: the same losses and state as eager.
     The capstone's full-size network, so cuDNN and Triton pick their real kernels."""
-    device = fp32_cuda
-    if name not in available_configs(device):
-        pytest.skip(f"{name} is not available on this GPU (see available_configs)")
-    config = NetConfig()
-    state = init_params(config, int(rng.integers(1000)))
-    batches = [_batch(config, 32, rng, device) for _ in range(3)]
+    device, config, state, batches = _gpu_case(fp32_cuda, rng, name)
     results, magnitudes = {}, {}
     for cfg in ("eager", name):
         x, y = _batch(config, 32, rng, device)
@@ -378,12 +383,7 @@ def test_gpu_bf16_autocast_config_matches_eager(fp32_cuda, rng, name):
     and the warm-up steps were undone. Later steps are not compared: SGD on
     gradients rounded in another order drifts apart by several percent of the
     weights in three steps (measured on an H100)."""
-    device = fp32_cuda
-    if name not in available_configs(device):
-        pytest.skip(f"{name} is not available on this GPU (see available_configs)")
-    config = NetConfig()
-    state = init_params(config, int(rng.integers(1000)))
-    batches = [_batch(config, 32, rng, device) for _ in range(3)]
+    device, config, state, batches = _gpu_case(fp32_cuda, rng, name)
     results, seen = {}, []
 
     def record(module, args, out):

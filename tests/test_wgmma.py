@@ -201,3 +201,24 @@ def test_one_wgmma_chain_on_hopper(precision, n, rng):
     want = a @ b.T
     rows, cols = wg.accumulator_positions(n)
     np.testing.assert_array_equal(d.copy_to_host(), want[rows, cols].astype(np.float32))
+
+
+def test_pipeline_intrinsics_refuses_a_short_pipeline_and_the_simulator():
+    with pytest.raises(ValueError, match="3 to 6 stages"):
+        wg.pipeline_intrinsics("tf32", 64, 2)
+    if not wg_runs_here():
+        with pytest.raises(RuntimeError, match="Hopper"):
+            wg.pipeline_intrinsics("tf32", 64, 4)
+    else:  # the fields name the intrinsics their roles say
+        p = wg.pipeline_intrinsics("tf32", 64, 4)
+        assert p.mma is wg.intrinsic_named("wgmma_tf32_m64n64")
+        assert p.cp_async_wait is wg.intrinsic_named("cp_async_wait1")
+        assert p.cp_async_16 is wg.intrinsic_named("cp_async_16")
+
+
+def wg_runs_here() -> bool:
+    try:
+        wg.require_wgmma()
+    except RuntimeError:
+        return False
+    return True

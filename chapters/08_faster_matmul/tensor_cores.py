@@ -506,20 +506,22 @@ def make_wgmma_block_tile(precision, tile, wide=True):
     STAGE_BYTES = (WG_BM + BN) * wg.ROW_BYTES
     assert wg.ROW_BYTES // wg.K_STEP_BYTES == 4  # the 4 wgmmas of a slice below
     REGS = BN // 2
-    mma = wg.intrinsic_named(f"wgmma_{precision}_m64n{BN}")
-    zeros = wg.intrinsic_named(f"wgmma_zeros_{BN}")
-    shared_address = wg.intrinsic_named("shared_address")
-    make_descriptor = wg.intrinsic_named("make_descriptor")
-    fence_proxy_async = wg.intrinsic_named("fence_proxy_async")
-    wgmma_fence = wg.intrinsic_named("wgmma_fence")
-    wgmma_commit = wg.intrinsic_named("wgmma_commit")
-    wgmma_wait0 = wg.intrinsic_named("wgmma_wait0")
-    wgmma_wait1 = wg.intrinsic_named("wgmma_wait1")
-    store_accumulators = wg.intrinsic_named("store_accumulators")
-    cp_async_4 = wg.intrinsic_named("cp_async_4")
-    cp_async_16 = wg.intrinsic_named("cp_async_16")
-    cp_async_commit = wg.intrinsic_named("cp_async_commit")
-    cp_async_wait = wg.intrinsic_named(f"cp_async_wait{STAGES - 3}")
+    (
+        mma,
+        zeros,
+        shared_address,
+        make_descriptor,
+        fence_proxy_async,
+        wgmma_fence,
+        wgmma_commit,
+        wgmma_wait0,
+        wgmma_wait1,
+        store_accumulators,
+        cp_async_4,
+        cp_async_16,
+        cp_async_commit,
+        cp_async_wait,
+    ) = wg.pipeline_intrinsics(precision, BN, STAGES)
     swizzle = jit(device=True, forceinline=True)(wg.swizzle_offset)
     assert STAGES >= 3
 
