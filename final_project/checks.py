@@ -329,6 +329,11 @@ def check_sgd(rng, size, lr=0.1, *, update=kernels.sgd_update, tol=1e-6) -> dict
 # float32 rounding of a batchnorm output of size ~5 (a few eps32 * 5 ~ 1e-6), with
 # room; a wrong choice (not the maximum) is off by O(0.1) or more.
 POOL_TIE_TOL = 1e-5
+# How far from 0 a ReLU input may be where the model's on/off decision differs
+# from the float64 sign: fc1's inputs are sums of 3,136 float32 terms of size ~1,
+# off by about sqrt(K) eps32 ~ 7e-6 (the batchnorm outputs before the other two
+# ReLUs are held to POOL_TIE_TOL); a wrong decision is off by O(0.1).
+RELU_TIE_TOL = 1e-4
 
 
 def tf32_step_tolerance(tol: float) -> float:
@@ -411,7 +416,12 @@ def check_train_step(
       the same layer's weight gradient;
     * max-pool near-ties: the reference takes each 2x2 window's element where
       the model took it (``model.pool_windows``), and each such element must be
-      within POOL_TIE_TOL of its window's float64 maximum.
+      within POOL_TIE_TOL of its window's float64 maximum;
+    * ReLU near-ties (models with ``relu_open``: FastCNN): where the model's ReLU
+      was on and the float64 input is not positive, or the other way round, the
+      reference follows the model, and that input must be within POOL_TIE_TOL
+      (the batchnorm ReLUs) or RELU_TIE_TOL (fc1's) of 0. Without this a
+      float32 input within rounding of 0 moves a whole unit's gradient.
 
     Returns:
         name -> relative error (or the measure each rule checks).
@@ -433,8 +443,15 @@ def check_train_step(
     after = model.state_dict()
 
     tf32 = tuple(getattr(model, "tf32_ops", ()))
+    relu_open = model.relu_open(n) if hasattr(model, "relu_open") else None
     logits, caches, want_buffers = ref.reference_forward(
-        before, x, config, training=True, pool_windows=windows, tf32=tf32
+        before,
+        x,
+        config,
+        training=True,
+        pool_windows=windows,
+        tf32=tf32,
+        relu_open=relu_open,
     )
     want_loss, want_grads = ref.reference_backward(logits, caches, y)
     if not math.isfinite(loss):
@@ -448,7 +465,20 @@ def check_train_step(
         # the two values a tie compares
         x2, w2, _ = caches["conv2"]
         pool_tols[1] += 4 * ref.TF32_UNIT * float(np.abs(x2).max() * np.abs(w2).max())
+    # ReLU near-ties (models with relu_open): the units after conv2 move as its
+    # outputs do; fc1's sum of many such inputs, up to four of them moved
+    relu_tols = [POOL_TIE_TOL, pool_tols[1], RELU_TIE_TOL]
+    if "conv2 forward" in tf32:
+        relu_tols[2] += 4 * float(np.abs(before["fc1.weight"]).max()) * pool_tols[1]
     errs = {}
+    for name, gap, limit in zip(("bn1", "bn2", "fc1"), caches["relu_gaps"], relu_tols):
+        if gap > limit:
+            raise CheckError(
+                f"{name} ReLU: a unit the model switched on or off against the "
+                f"float64 sign has input {gap:.3g}, beyond the {limit:.3g} rounding "
+                "allows (a wrong ReLU or a wrong input)"
+            )
+        errs[f"{name} ReLU decision against float64 (input at a tie)"] = gap
     for k, gap in enumerate(caches["pool_gaps"], 1):
         worst = float(gap.max())
         if worst > pool_tols[k - 1]:

@@ -643,6 +643,17 @@ class FastCNN(CNNBase, _Layer):
         self.synchronize()
         return (self._rows("argmax1", n).copy_to_host(), self._rows("argmax2", n).copy_to_host())
 
+    def relu_open(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Whether each ReLU was on in the last forward pass (batch ``n``), where
+        its decision reaches the gradient: at each max-pool's taken element (the
+        pooled output > 0; (n, C, H/2, W/2) and (n, C2, H/4, W/4)) and at each fc1
+        unit ((n, hidden)); bool host arrays, for a float64 twin that follows them
+        (:func:`final_project.checks.check_train_step`)."""
+        self.synchronize()
+        return tuple(
+            self._rows(name, n).copy_to_host() > 0 for name in ("pooled1", "pooled2", "hidden_act")
+        )
+
     def forward(self, x: Any, training: bool = False) -> Any:
         """Logits (N, num_classes) device array (a view of an internal buffer).
 

@@ -234,6 +234,35 @@ TF32_OPS = ("conv2 forward", "conv2 grad input", "conv2 grad weight")
 TF32_UNIT = 2.0**-10
 
 
+def _follow_relu(pre: np.ndarray, open_: np.ndarray, gaps: list, at=None) -> np.ndarray:
+    """``pre`` (a ReLU's input) with the model's on/off decisions ``open_`` imposed
+    where they differ from its own sign (set to +-1e-300, so the forward value
+    stays ~0 and the backward follows the model); appends to ``gaps`` the largest
+    |pre| among those (0 if none), which the caller holds to a tie tolerance.
+    ``at``: (n, c, row, col) index arrays of the units ``open_`` decides (a
+    max-pool's winners), or None for every unit."""
+    units = pre if at is None else pre[at]
+    differ = (units > 0) != np.asarray(open_, bool)
+    gaps.append(float(np.abs(units[differ]).max()) if differ.any() else 0.0)
+    if not differ.any():
+        return pre
+    pre = pre.copy()
+    fixed = np.where(np.asarray(open_, bool)[differ], 1e-300, -1e-300)
+    if at is None:
+        pre[differ] = fixed
+    else:
+        pre[tuple(i[differ] for i in at)] = fixed
+    return pre
+
+
+def _winners(shape, taken) -> tuple:
+    """(n, c, row, col) index arrays of each 2x2 window's taken element."""
+    n, c, ho, wo = np.asarray(taken).shape
+    arg = np.asarray(taken, np.int64)
+    nn, cc, ph, pw = np.indices((n, c, ho, wo))
+    return nn, cc, 2 * ph + arg // 2, 2 * pw + arg % 2
+
+
 def reference_forward(
     state: dict[str, Any],
     x: np.ndarray,
@@ -241,6 +270,7 @@ def reference_forward(
     training: bool = False,
     pool_windows=None,
     tf32: tuple[str, ...] = (),
+    relu_open=None,
 ):
     """Logits (N, num_classes) float64 of the network for x (N, C, H, W).
 
@@ -261,6 +291,13 @@ def reference_forward(
     either side of a TF32 step: a rare 2^-10 relative change of one operand), so
     one tolerance checks both precisions. The choice reaches
     :func:`reference_backward` through the caches.
+
+    ``relu_open``: optional (pool1, pool2, fc1) boolean arrays, whether the model's
+    ReLU was on at each max-pool's taken element (its pooled output > 0) and at
+    each fc1 unit, with ``pool_windows``. Where the model decided otherwise than
+    the reference's sign (an input within rounding of 0), the reference follows
+    it, as it follows the windows; ``caches["relu_gaps"]`` holds, per ReLU, the
+    largest |input| at such a unit (0 where they agree), for the caller to judge.
     """
     unknown = set(tf32) - set(TF32_OPS)
     if unknown:
@@ -272,6 +309,9 @@ def reference_forward(
     new_buffers: dict[str, np.ndarray] = {}
     h = x
     caches["pool_gaps"] = []
+    caches["relu_gaps"] = []
+    if relu_open is not None and pool_windows is None:
+        raise ValueError("relu_open needs pool_windows (the units it decides are the winners)")
     caches["tf32"] = tuple(tf32)
     for k, (conv, bn) in enumerate((("conv1", "bn1"), ("conv2", "bn2"))):
         w, b = p[f"{conv}.weight"], p[f"{conv}.bias"]
@@ -289,6 +329,10 @@ def reference_forward(
             new_buffers[f"{bn}.running_mean"], new_buffers[f"{bn}.running_var"] = nm, nv
         else:
             h = batchnorm_forward_eval(h, p[f"{bn}.weight"], p[f"{bn}.bias"], rm, rv, config.bn_eps)
+        if relu_open is not None:
+            h = _follow_relu(
+                h, relu_open[k], caches["relu_gaps"], _winners(h.shape, pool_windows[k])
+            )
         h, caches[f"relu_{bn}"] = relu_forward(h)
         if pool_windows is None:
             h, caches[f"pool_{bn}"] = maxpool2x2_forward(h)
@@ -299,6 +343,8 @@ def reference_forward(
     caches["flatten"] = h.shape
     h = h.reshape(h.shape[0], -1)  # NCHW flatten, as torch's x.flatten(1)
     h, caches["fc1"] = linear_forward(h, p["fc1.weight"], p["fc1.bias"])
+    if relu_open is not None:
+        h = _follow_relu(h, relu_open[2], caches["relu_gaps"])
     h, caches["relu_fc1"] = relu_forward(h)
     logits, caches["fc2"] = linear_forward(h, p["fc2.weight"], p["fc2.bias"])
     return logits, caches, new_buffers

@@ -291,3 +291,33 @@ def test_tf32_eval_forward_matches_the_reference(rng):
         return FastCNN(config, max_batch=max_batch, seed=seed, precision="tf32")
 
     checks.check_eval_forward(NetConfig(), 5, rng, model_cls=tf32_model)
+
+
+def test_reference_follows_the_models_relu_decisions_and_reports_the_gap(rng):
+    config = NetConfig(height=8, width=8, c1=3, c2=4, hidden=6, num_classes=3)
+    state = init_params(config, 0)
+    x, y = checks.random_batch(config, 2, rng)
+    plain, caches, _ = reference.reference_forward(state, x, config, training=True)
+    windows = [caches[f"pool_{bn}"][1] for bn in ("bn1", "bn2")]
+    own = [
+        reference.maxpool2x2_forward(caches["relu_bn1"], windows[0])[0] > 0,
+        reference.maxpool2x2_forward(caches["relu_bn2"], windows[1])[0] > 0,
+        caches["relu_fc1"] > 0,
+    ]
+    same, c_same, _ = reference.reference_forward(
+        state, x, config, True, pool_windows=windows, relu_open=own
+    )
+    assert c_same["relu_gaps"] == [0.0, 0.0, 0.0]
+    assert np.array_equal(same, plain)
+    flipped = [o.copy() for o in own]
+    flipped[2][0, 0] = not flipped[2][0, 0]  # fc1 unit (0, 0) switched the other way
+    _, c_flip, _ = reference.reference_forward(
+        state, x, config, True, pool_windows=windows, relu_open=flipped
+    )
+    assert c_flip["relu_gaps"][:2] == [0.0, 0.0]
+    assert c_flip["relu_gaps"][2] == pytest.approx(abs(caches["relu_fc1"][0, 0]))
+    _, g_same = reference.reference_backward(same, c_same, y)
+    _, g_flip = reference.reference_backward(same, c_flip, y)
+    assert not np.array_equal(g_same["fc1.weight"][0], g_flip["fc1.weight"][0])
+    with pytest.raises(ValueError, match="needs pool_windows"):
+        reference.reference_forward(state, x, config, True, relu_open=own)
