@@ -84,12 +84,17 @@ class CudaGraphBackend:
                 stream, or something synchronised during capture).
         """
         from cuda.bindings import driver as drv
+        from numba import cuda
 
         handle = _stream_handle(stream)
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(drv.cuStreamBeginCapture(handle, mode), "cuStreamBeginCapture")
         try:
-            launches()
+            # Numba frees dropped device arrays in batches, whenever its pending list
+            # fills; a cuMemFree inside the capture invalidates it (seen: a second
+            # model captured while the first one's buffers were being freed)
+            with cuda.defer_cleanup():
+                launches()
         finally:
             graph = _check(drv.cuStreamEndCapture(handle), "cuStreamEndCapture")
         graph_exec = _check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
