@@ -27,7 +27,9 @@ runtime. It patches the simulator's private kernel and API classes (numba-cuda
   (:func:`_run_in_turns`), or, where its source cannot be read, on one thread
   per CUDA thread meeting at a condition variable instead of the simulator's
   busy loop; ``common.runtime.interleaved_threads`` switches threads every
-  microsecond where a demo wants the old behaviour;
+  microsecond where a demo wants the old behaviour; a cast in a kernel
+  (``float32(x)``, a call of Numba's type object) skips the import and ABC check
+  Numba's ``Type.__call__`` makes on every call (:func:`_install_fast_scalar_casts`);
 * warp-collective calls (the tensor cores' ``mma.sync``, ``common.tensor_cores``):
   a kernel that makes one runs in turns, and the call is a yield point where
   the 32 lanes of a warp meet; the runner then computes all of them at once,
@@ -340,6 +342,7 @@ def install() -> None:
     kernel_cls.__call__ = call
     racecheck.install()
     _install_sequential_blocks(sim_kernel)
+    _install_fast_scalar_casts()
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
@@ -490,6 +493,36 @@ def _barrier_free(fn: Any) -> bool:
     if verdict is None:
         verdict = _barrier_verdicts[fn] = not _uses_barrier(fn)
     return verdict
+
+
+def _install_fast_scalar_casts() -> None:
+    """``float32(x)``, ``uint64(i)`` in a kernel: in the simulator a call of
+    Numba's type object, which casts a value with NumPy (``np.float32(x)``), or
+    makes a signature of types (``float32(float32, int32)``). Numba's
+    ``Type.__call__`` imports its signature helper and runs an ABC isinstance
+    check on every call, twice the cost of the cast: an eighth of a capstone
+    training step in the simulator (the fast kernels' shared-memory indices are
+    ``uint64(...)``). The same two outcomes, the check made once per argument class."""
+    from numba.core.types import abstract
+    from numba.core.typing import signature
+
+    type_cls = abstract.Type
+    if getattr(type_cls, "_course_fast_call", False):
+        return
+    is_type: dict[type, bool] = {}  # argument's class -> isinstance(argument, Type)
+
+    def call(self: Any, *args: Any) -> Any:
+        if len(args) == 1:
+            cls = type(args[0])
+            verdict = is_type.get(cls)
+            if verdict is None:
+                verdict = is_type[cls] = isinstance(args[0], type_cls)
+            if not verdict:
+                return self.cast_python_value(args[0])
+        return signature(self, *args)
+
+    type_cls.__call__ = call
+    type_cls._course_fast_call = True
 
 
 def _install_sequential_blocks(sim_kernel: Any) -> None:
