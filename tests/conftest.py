@@ -120,9 +120,12 @@ def pytest_collection_finish(session):
     gc.set_threshold(20_000, 20, 20)
 
 
-def pytest_sessionfinish(session):
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
     # Frozen objects are left out of the collection at interpreter exit, and
-    # nanobind (Triton) then reports its objects as leaked.
+    # nanobind (Triton) then reports its objects as leaked. Last: pytest's own
+    # unconfigure (unraisableexception) runs a full collection first, which
+    # frozen objects keep short.
     gc.unfreeze()
 
 
