@@ -292,8 +292,24 @@ def _ordered(p: _Access, a_who: _Thread, a_epoch: int, a_acquire: int, launch: _
     return False
 
 
-# id(code) -> (code, {instruction offset: (file, line)}) of the accesses recorded so far
+# id(code) -> (code, {instruction offset: (file, line)}), for line_of
 _lines: dict[int, tuple[Any, dict[int, tuple[str, int]]]] = {}
+
+
+def line_of(frame: Any) -> tuple[str, int]:
+    """(file, line) of the instruction ``frame`` is at: ``frame.f_lineno``, which
+    decodes the code's line table from its start on every read (over a
+    microsecond in a long kernel, as much as the rest of a recorded access),
+    read once per instruction. Keyed by the code's id: hashing a code object
+    hashes its contents; the table holds the code, so its id is not reused."""
+    code, offset = frame.f_code, frame.f_lasti
+    table = _lines.get(id(code))
+    if table is None or table[0] is not code:
+        table = _lines[id(code)] = (code, {})
+    line = table[1].get(offset)
+    if line is None:
+        line = table[1][offset] = (code.co_filename, frame.f_lineno)
+    return line
 
 
 def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3) -> None:
@@ -322,17 +338,7 @@ def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3)
     if atomic:
         depth += 2  # the atomic's own two frames
     frame = sys._getframe(depth - 1)  # the kernel's line (depth counts from a helper)
-    # frame.f_lineno decodes the code's line table from its start on every read
-    # (a microsecond, half of this function): read once per instruction.
-    # (Keyed by the code's id: hashing a code object hashes its contents. The
-    # table holds the code, so the id is not reused while it is there.)
-    code, offset = frame.f_code, frame.f_lasti
-    table = _lines.get(id(code))
-    if table is None or table[0] is not code:
-        table = _lines[id(code)] = (code, {})
-    line = table[1].get(offset)
-    if line is None:
-        line = table[1][offset] = (code.co_filename, frame.f_lineno)
+    line = line_of(frame)
     launch.log.append(
         (
             next(launch.clock),

@@ -237,10 +237,10 @@ def check_constant_shape(frame: Any, what: str) -> None:
     them. An expression such as ``TILE + 1`` inside the kernel is an int64
     there and the kernel fails to compile, while the simulator would accept it.
     """
-    key = (frame.f_code.co_filename, frame.f_lineno)
+    key = racecheck.line_of(frame)
     caller = _device_function_caller(frame)
     # A device function's verdict depends on what its caller passes.
-    cache_key = key if caller is None else key + (caller.f_code.co_filename, caller.f_lineno)
+    cache_key = key if caller is None else key + racecheck.line_of(caller)
     if cache_key not in _shape_verdicts:
         verdict = None
         tree = _parse(key[0])
@@ -359,7 +359,7 @@ def install() -> None:
         if isinstance(dtype, numba_types.Type):
             dtype = numpy_support.as_dtype(dtype)
         dtype = np.dtype(dtype)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
+        caller = racecheck.line_of(frame)
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
             ary = np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
@@ -1261,8 +1261,7 @@ def _turn_site(outer: Any) -> _BarrierSite:
     inner = outer
     while inner.gi_yieldfrom is not None:  # the one that yielded is never a wrapper
         inner = inner.gi_yieldfrom
-    frame = inner.gi_frame
-    return _BarrierSite((frame.f_code.co_filename, frame.f_lineno, outer.gi_frame.f_lineno))
+    return _BarrierSite(racecheck.line_of(inner.gi_frame) + racecheck.line_of(outer.gi_frame)[1:])
 
 
 def _unseen_barrier(*_: Any) -> None:
