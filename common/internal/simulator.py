@@ -343,6 +343,7 @@ def install() -> None:
     racecheck.install()
     _install_sequential_blocks(sim_kernel)
     _install_fast_scalar_casts()
+    _install_fast_rng_states()
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
@@ -523,6 +524,68 @@ def _install_fast_scalar_casts() -> None:
 
     type_cls.__call__ = call
     type_cls._course_fast_call = True
+
+
+_MASK64 = (1 << 64) - 1
+# xoroshiro128+'s jump polynomial: 2**64 steps ahead (numba.cuda.random.xoroshiro128p_jump)
+_XOROSHIRO_JUMP = (0xBEAC0467EBA5FACB, 0xD86B048B86AA9922)
+
+
+def _xoroshiro128p_states(n: int, seed: int, subsequence_start: int) -> list[tuple[int, int]]:
+    """(s0, s1) of ``n`` xoroshiro128+ generators as numba.cuda.random sets them
+    up: state 0 from SplitMix64(seed) jumped ``subsequence_start`` times, state i
+    state i - 1 jumped once (2**64 steps). In Python ints, masked to 64 bits."""
+
+    def jump(s0: int, s1: int) -> tuple[int, int]:
+        a0 = a1 = 0
+        for word in _XOROSHIRO_JUMP:
+            for b in range(64):
+                if word >> b & 1:
+                    a0 ^= s0
+                    a1 ^= s1
+                s1 ^= s0  # one step of xoroshiro128+ (its output s0 + s1 is not needed)
+                s0 = ((s0 << 55 | s0 >> 9) & _MASK64) ^ s1 ^ (s1 << 14 & _MASK64)
+                s1 = (s1 << 36 | s1 >> 28) & _MASK64
+        return a0, a1
+
+    z = (seed + 0x9E3779B97F4A7C15) & _MASK64  # SplitMix64
+    z = ((z ^ z >> 30) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ z >> 27) * 0x94D049BB133111EB) & _MASK64
+    state = (z ^ z >> 31, z ^ z >> 31)
+    for _ in range(subsequence_start):
+        state = jump(*state)
+    states = []
+    for i in range(n):
+        if i:
+            state = jump(*state)
+        states.append(state)
+    return states
+
+
+def _install_fast_rng_states() -> None:
+    """numba.cuda.random sets its generator states up on the host with functions
+    it compiles for the CPU; in the simulator they fall back to object mode: 4 s
+    of compiling in every process that draws, then 5 ms a state (uint64 NumPy
+    scalars, one operation at a time). The same states from Python ints
+    (:func:`_xoroshiro128p_states`), pinned to Numba's by
+    tests/test_ch07_libraries.py::test_simulator_rng_states_are_numbas. The draws
+    inside kernels are Numba's own, unchanged."""
+    from numba.cuda import random as cuda_random
+
+    if getattr(cuda_random, "_course_fast_states", False):
+        return
+    uint64 = cuda_random.uint64
+
+    def init_xoroshiro128p_states_cpu(states: Any, seed: Any, subsequence_start: Any) -> None:
+        # Numba's casts first, so a seed it refuses (negative, too large) is refused alike.
+        seed, start = int(uint64(seed)), int(uint64(subsequence_start))
+        pairs = _xoroshiro128p_states(states.shape[0], seed, start)
+        if pairs:
+            states["s0"] = np.array([p[0] for p in pairs], np.uint64)
+            states["s1"] = np.array([p[1] for p in pairs], np.uint64)
+
+    cuda_random.init_xoroshiro128p_states_cpu = init_xoroshiro128p_states_cpu
+    cuda_random._course_fast_states = True
 
 
 def _install_sequential_blocks(sim_kernel: Any) -> None:
