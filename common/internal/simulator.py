@@ -30,6 +30,8 @@ runtime. It patches the simulator's private kernel and API classes (numba-cuda
   microsecond where a demo wants the old behaviour; a cast in a kernel
   (``float32(x)``, a call of Numba's type object) skips the import and ABC check
   Numba's ``Type.__call__`` makes on every call (:func:`_install_fast_scalar_casts`);
+  ``numba.cuda.random``'s host-side state set-up runs on Python ints instead of
+  being compiled in object mode in every process (:func:`_install_fast_rng_states`);
 * warp-collective calls (the tensor cores' ``mma.sync``, ``common.tensor_cores``):
   a kernel that makes one runs in turns, and the call is a yield point where
   the 32 lanes of a warp meet; the runner then computes all of them at once,
