@@ -83,6 +83,43 @@ def uniform_reference(n, seed):
     return ((x >> np.uint64(11)).astype(np.float64) * 2.0**-53).astype(np.float32)
 
 
+# numba.cuda.random's states, from Numba's own host set-up (compiled for the CPU):
+# (seed, n, subsequence_start) -> [(s0, s1) of state i]. SplitMix64(0)'s first
+# output is 0xE220A8397B1DCDAF, as in its reference C code.
+NUMBA_STATES = {
+    (0, 2, 0): [
+        (0xE220A8397B1DCDAF, 0xE220A8397B1DCDAF),
+        (0x12513CE25BE05EB1, 0x70D189C276BA17A4),
+    ],
+    (7, 3, 0): [
+        (0x63CBE1E459320DD7, 0x63CBE1E459320DD7),
+        (0x081EF7A3B2B2C321, 0x10891EB18B0BA67C),
+        (0xDFEBDF22D32720EB, 0x18B031B2E4DADD36),
+    ],
+    (42, 3, 2): [
+        (0xA67324E5ECCCB8DC, 0x4A81BBD6C315729E),
+        (0xEF6261E44FD8ABC9, 0x0C6EBFA4759A0F22),
+        (0x965712E7AC28B9B1, 0xC5FDD9C6A44F58A6),
+    ],
+    (2**64 - 1, 2, 1): [
+        (0xF06E5493D9197688, 0x5D1905E55C940204),
+        (0x451FC10B7CD06B84, 0xC2C48037AD7BEC7F),
+    ],
+}
+
+
+@pytest.mark.parametrize("seed, n, start", list(NUMBA_STATES))
+def test_simulator_rng_states_are_numbas(seed, n, start):
+    # In the simulator the states come from Python ints (common.internal.simulator,
+    # _install_fast_rng_states) instead of Numba's object-mode set-up: the same ones.
+    from numba.cuda.random import create_xoroshiro128p_states
+
+    states = create_xoroshiro128p_states(n, seed=seed, subsequence_start=start).copy_to_host()
+    assert [(int(a), int(b)) for a, b in zip(states["s0"], states["s1"])] == NUMBA_STATES[
+        seed, n, start
+    ]
+
+
 def check_random_uniform(fn, rng):
     # 65..95: never a multiple of either block (32 or 64), 2 and 3 blocks; ~1 s of
     # simulator per 50 (the old 40..130 drew 64, 96 and 128 at times)

@@ -36,6 +36,7 @@ SIMULATOR_INTERNALS = {
         "_swap_refcount",
     ],
     "numba.cuda.simulator.cudadrv.devicearray": ["FakeCUDAArray", "FakeWithinKernelCUDAArray"],
+    "numba.core.typing": ["signature"],
 }
 # class -> methods the patches wrap
 SIMULATOR_METHODS = {
@@ -46,6 +47,7 @@ SIMULATOR_METHODS = {
     ("numba.cuda.simulator.kernelapi", "FakeCUDALocal"): ["array"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAModule"): ["threadfence"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic"): list(racecheck.ATOMIC_METHODS),
+    ("numba.core.types.abstract", "Type"): ["__call__", "cast_python_value"],
 }
 
 

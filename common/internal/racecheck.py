@@ -50,8 +50,10 @@ Switch it off for speed with ``COURSE_RACECHECK=0``.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import linecache
+import operator
 import os
 import re
 import sys
@@ -180,15 +182,30 @@ class _Launch:
         self.global_mem: dict[int, _Element] = {}
         self.shared_mem: dict[int, _Element] = {}
         self.blocks: dict[tuple[int, int, int], _Block] = {}
-        self.bases: dict[int, tuple[Any, int]] = {}
+        # id(array) -> (array, data address, shape, strides), for _address
+        self.bases: dict[int, tuple[Any, int, tuple[int, ...], tuple[int, ...]]] = {}
 
     def base(self, ary: np.ndarray) -> int:
+        return self.layout(ary)[1]
+
+    def release(self) -> None:
+        """Drop the records once the launch is decided. They hold its threads,
+        which hold the launch: cycles that reference counting alone never frees."""
+        self.log = []
+        self.global_mem.clear()
+        self.shared_mem.clear()
+        self.blocks.clear()
+        self.bases.clear()
+
+    def layout(self, ary: np.ndarray) -> tuple[Any, int, tuple[int, ...], tuple[int, ...]]:
+        """(ary, its data address, shape, strides), read once a launch: the
+        detector asks for them at every element access."""
         key = id(ary)
         hit = self.bases.get(key)
         if hit is None:
-            hit = (ary, ary.__array_interface__["data"][0])
+            hit = (ary, ary.__array_interface__["data"][0], ary.shape, ary.strides)
             self.bases[key] = hit  # keeps `ary` alive, so its id is not reused
-        return hit[1]
+        return hit
 
     def block(self, who: _Thread) -> _Block:
         b = self.blocks.get(who.block)
@@ -202,6 +219,9 @@ def _host_array(arg: Any) -> np.ndarray | None:
         return arg
     ary = getattr(arg, "_ary", None)
     return ary if isinstance(ary, np.ndarray) else None
+
+
+_current_thread = threading.current_thread
 
 
 def _me() -> _Thread | None:
@@ -221,19 +241,31 @@ def _me() -> _Thread | None:
 
 def _address(launch: _Launch, ary: np.ndarray, idx: Any) -> int | None:
     """Byte address of ``ary[idx]`` for an integer index; None for anything else."""
-    if type(idx) is not tuple:
-        idx = (idx,)
-    if len(idx) != ary.ndim:
-        return None
-    addr = launch.base(ary)
-    for i, n, s in zip(idx, ary.shape, ary.strides):
-        try:
-            i = int(i)
-        except TypeError:
+    hit = launch.bases.get(id(ary))
+    if hit is None:
+        hit = launch.layout(ary)
+    _, addr, shape, strides = hit
+    try:
+        if type(idx) is not tuple:  # a 1-D array's element, the common case
+            if len(shape) != 1:
+                return None
+            i = int(idx)
+            return addr + (i + shape[0] if i < 0 else i) * strides[0]
+        if len(idx) != len(shape):
             return None
-        if i < 0:
-            i += n
-        addr += i * s
+        if len(idx) == 2:  # the next most common: unrolled
+            i, j = idx
+            i, j = int(i), int(j)
+            if i < 0:
+                i += shape[0]
+            if j < 0:
+                j += shape[1]
+            return addr + i * strides[0] + j * strides[1]
+        for i, n, s in zip(idx, shape, strides):
+            i = int(i)
+            addr += (i + n if i < 0 else i) * s
+    except TypeError:  # a slice or an array index: not one element
+        return None
     return addr
 
 
@@ -260,6 +292,26 @@ def _ordered(p: _Access, a_who: _Thread, a_epoch: int, a_acquire: int, launch: _
     return False
 
 
+# id(code) -> (code, {instruction offset: (file, line)}), for line_of
+_lines: dict[int, tuple[Any, dict[int, tuple[str, int]]]] = {}
+
+
+def line_of(frame: Any) -> tuple[str, int]:
+    """(file, line) of the instruction ``frame`` is at: ``frame.f_lineno``, which
+    decodes the code's line table from its start on every read (over a
+    microsecond in a long kernel, as much as the rest of a recorded access),
+    read once per instruction. Keyed by the code's id: hashing a code object
+    hashes its contents; the table holds the code, so its id is not reused."""
+    code, offset = frame.f_code, frame.f_lasti
+    table = _lines.get(id(code))
+    if table is None or table[0] is not code:
+        table = _lines[id(code)] = (code, {})
+    line = table[1].get(offset)
+    if line is None:
+        line = table[1][offset] = (code.co_filename, frame.f_lineno)
+    return line
+
+
 def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3) -> None:
     """Log one access to ``ary[idx]`` by the calling simulated thread.
 
@@ -271,16 +323,22 @@ def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3)
     launch = _launch
     if launch is None or _allowed:
         return
-    who = _me()
+    t = _current_thread()
+    who = getattr(t, "_race_state", None)
     if who is None:
+        who = _me()  # the thread's first access in this launch
+        if who is None:
+            return
+    elif who.launch is not launch:
         return
     addr = _address(launch, ary, idx)
     if addr is None:
         return
-    atomic = getattr(threading.current_thread(), "_race_atomic", False)
+    atomic = getattr(t, "_race_atomic", False)
     if atomic:
         depth += 2  # the atomic's own two frames
     frame = sys._getframe(depth - 1)  # the kernel's line (depth counts from a helper)
+    line = line_of(frame)
     launch.log.append(
         (
             next(launch.clock),
@@ -291,12 +349,15 @@ def record(ary: np.ndarray, idx: Any, write: bool, shared: bool, depth: int = 3)
             shared,
             write,
             atomic,
-            (frame.f_code.co_filename, frame.f_lineno),
+            line,
             frame,
             ary,
             idx,
         )
     )
+
+
+_clock_of = operator.itemgetter(0)
 
 
 def on_block_end() -> None:
@@ -308,7 +369,7 @@ def on_block_end() -> None:
     if launch is None:
         return
     log, launch.log = launch.log, []
-    log.sort(key=lambda entry: entry[0])
+    log.sort(key=_clock_of)
     for entry in log:
         _check(launch, *entry)
 
@@ -575,11 +636,21 @@ def launch(kernel: Any, args: tuple[Any, ...]) -> Iterator[None]:
             return
         _checked_kernels.add(kernel)
     with _state_lock:
-        _launch = _Launch(kernel)
+        _launch = current = _Launch(kernel)
+    # The launch's records (an object or two per element access, alive until the
+    # launch ends) are what Python's cyclic collector would walk again and again
+    # while the kernel runs: up to a fifth of a racechecked launch's time. None of
+    # them is cyclic garbage, so the collector waits until the launch ends, when
+    # current.release() hands them back to reference counting.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
         _launch = None
+        current.release()
+        if collecting:
+            gc.enable()
 
 
 # --------------------------------------------------------------------------

@@ -27,7 +27,11 @@ runtime. It patches the simulator's private kernel and API classes (numba-cuda
   (:func:`_run_in_turns`), or, where its source cannot be read, on one thread
   per CUDA thread meeting at a condition variable instead of the simulator's
   busy loop; ``common.runtime.interleaved_threads`` switches threads every
-  microsecond where a demo wants the old behaviour;
+  microsecond where a demo wants the old behaviour; a cast in a kernel
+  (``float32(x)``, a call of Numba's type object) skips the import and ABC check
+  Numba's ``Type.__call__`` makes on every call (:func:`_install_fast_scalar_casts`);
+  ``numba.cuda.random``'s host-side state set-up runs on Python ints instead of
+  being compiled in object mode in every process (:func:`_install_fast_rng_states`);
 * warp-collective calls (the tensor cores' ``mma.sync``, ``common.tensor_cores``):
   a kernel that makes one runs in turns, and the call is a yield point where
   the 32 lanes of a warp meet; the runner then computes all of them at once,
@@ -235,10 +239,10 @@ def check_constant_shape(frame: Any, what: str) -> None:
     them. An expression such as ``TILE + 1`` inside the kernel is an int64
     there and the kernel fails to compile, while the simulator would accept it.
     """
-    key = (frame.f_code.co_filename, frame.f_lineno)
+    key = racecheck.line_of(frame)
     caller = _device_function_caller(frame)
     # A device function's verdict depends on what its caller passes.
-    cache_key = key if caller is None else key + (caller.f_code.co_filename, caller.f_lineno)
+    cache_key = key if caller is None else key + racecheck.line_of(caller)
     if cache_key not in _shape_verdicts:
         verdict = None
         tree = _parse(key[0])
@@ -340,6 +344,8 @@ def install() -> None:
     kernel_cls.__call__ = call
     racecheck.install()
     _install_sequential_blocks(sim_kernel)
+    _install_fast_scalar_casts()
+    _install_fast_rng_states()
 
     def shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> Any:
         # Same behaviour as the simulator's FakeCUDAShared.array (one allocation
@@ -356,7 +362,7 @@ def install() -> None:
         if isinstance(dtype, numba_types.Type):
             dtype = numpy_support.as_dtype(dtype)
         dtype = np.dtype(dtype)
-        caller = (frame.f_code.co_filename, frame.f_lineno)
+        caller = racecheck.line_of(frame)
         if shape == 0:
             count = self._dynshared_size // dtype.itemsize
             ary = np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
@@ -490,6 +496,98 @@ def _barrier_free(fn: Any) -> bool:
     if verdict is None:
         verdict = _barrier_verdicts[fn] = not _uses_barrier(fn)
     return verdict
+
+
+def _install_fast_scalar_casts() -> None:
+    """``float32(x)``, ``uint64(i)`` in a kernel: in the simulator a call of
+    Numba's type object, which casts a value with NumPy (``np.float32(x)``), or
+    makes a signature of types (``float32(float32, int32)``). Numba's
+    ``Type.__call__`` imports its signature helper and runs an ABC isinstance
+    check on every call, twice the cost of the cast: an eighth of a capstone
+    training step in the simulator (the fast kernels' shared-memory indices are
+    ``uint64(...)``). The same two outcomes, the check made once per argument class."""
+    from numba.core.types import abstract
+    from numba.core.typing import signature
+
+    type_cls = abstract.Type
+    if getattr(type_cls, "_course_fast_call", False):
+        return
+    is_type: dict[type, bool] = {}  # argument's class -> isinstance(argument, Type)
+
+    def call(self: Any, *args: Any) -> Any:
+        if len(args) == 1:
+            cls = type(args[0])
+            verdict = is_type.get(cls)
+            if verdict is None:
+                verdict = is_type[cls] = isinstance(args[0], type_cls)
+            if not verdict:
+                return self.cast_python_value(args[0])
+        return signature(self, *args)
+
+    type_cls.__call__ = call
+    type_cls._course_fast_call = True
+
+
+_MASK64 = (1 << 64) - 1
+# xoroshiro128+'s jump polynomial: 2**64 steps ahead (numba.cuda.random.xoroshiro128p_jump)
+_XOROSHIRO_JUMP = (0xBEAC0467EBA5FACB, 0xD86B048B86AA9922)
+
+
+def _xoroshiro128p_states(n: int, seed: int, subsequence_start: int) -> list[tuple[int, int]]:
+    """(s0, s1) of ``n`` xoroshiro128+ generators as numba.cuda.random sets them
+    up: state 0 from SplitMix64(seed) jumped ``subsequence_start`` times, state i
+    state i - 1 jumped once (2**64 steps). In Python ints, masked to 64 bits."""
+
+    def jump(s0: int, s1: int) -> tuple[int, int]:
+        a0 = a1 = 0
+        for word in _XOROSHIRO_JUMP:
+            for b in range(64):
+                if word >> b & 1:
+                    a0 ^= s0
+                    a1 ^= s1
+                s1 ^= s0  # one step of xoroshiro128+ (its output s0 + s1 is not needed)
+                s0 = ((s0 << 55 | s0 >> 9) & _MASK64) ^ s1 ^ (s1 << 14 & _MASK64)
+                s1 = (s1 << 36 | s1 >> 28) & _MASK64
+        return a0, a1
+
+    z = (seed + 0x9E3779B97F4A7C15) & _MASK64  # SplitMix64
+    z = ((z ^ z >> 30) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ z >> 27) * 0x94D049BB133111EB) & _MASK64
+    state = (z ^ z >> 31, z ^ z >> 31)
+    for _ in range(subsequence_start):
+        state = jump(*state)
+    states = []
+    for i in range(n):
+        if i:
+            state = jump(*state)
+        states.append(state)
+    return states
+
+
+def _install_fast_rng_states() -> None:
+    """numba.cuda.random sets its generator states up on the host with functions
+    it compiles for the CPU; in the simulator they fall back to object mode: 4 s
+    of compiling in every process that draws, then 5 ms a state (uint64 NumPy
+    scalars, one operation at a time). The same states from Python ints
+    (:func:`_xoroshiro128p_states`), pinned to Numba's by
+    tests/test_ch07_libraries.py::test_simulator_rng_states_are_numbas. The draws
+    inside kernels are Numba's own, unchanged."""
+    from numba.cuda import random as cuda_random
+
+    if getattr(cuda_random, "_course_fast_states", False):
+        return
+    uint64 = cuda_random.uint64
+
+    def init_xoroshiro128p_states_cpu(states: Any, seed: Any, subsequence_start: Any) -> None:
+        # Numba's casts first, so a seed it refuses (negative, too large) is refused alike.
+        seed, start = int(uint64(seed)), int(uint64(subsequence_start))
+        pairs = _xoroshiro128p_states(states.shape[0], seed, start)
+        if pairs:
+            states["s0"] = np.array([p[0] for p in pairs], np.uint64)
+            states["s1"] = np.array([p[1] for p in pairs], np.uint64)
+
+    cuda_random.init_xoroshiro128p_states_cpu = init_xoroshiro128p_states_cpu
+    cuda_random._course_fast_states = True
 
 
 def _install_sequential_blocks(sim_kernel: Any) -> None:
@@ -1228,8 +1326,7 @@ def _turn_site(outer: Any) -> _BarrierSite:
     inner = outer
     while inner.gi_yieldfrom is not None:  # the one that yielded is never a wrapper
         inner = inner.gi_yieldfrom
-    frame = inner.gi_frame
-    return _BarrierSite((frame.f_code.co_filename, frame.f_lineno, outer.gi_frame.f_lineno))
+    return _BarrierSite(racecheck.line_of(inner.gi_frame) + racecheck.line_of(outer.gi_frame)[1:])
 
 
 def _unseen_barrier(*_: Any) -> None:
