@@ -35,7 +35,11 @@ SIMULATOR_INTERNALS = {
         "Dim3",
         "_swap_refcount",
     ],
-    "numba.cuda.simulator.cudadrv.devicearray": ["FakeCUDAArray", "FakeWithinKernelCUDAArray"],
+    "numba.cuda.simulator.cudadrv.devicearray": [
+        "FakeCUDAArray",
+        "FakeWithinKernelCUDAArray",
+        "FakeShape",
+    ],
     "numba.core.typing": ["signature"],
 }
 # class -> methods the patches wrap
@@ -48,6 +52,7 @@ SIMULATOR_METHODS = {
     ("numba.cuda.simulator.kernelapi", "FakeCUDAModule"): ["threadfence"],
     ("numba.cuda.simulator.kernelapi", "FakeCUDAAtomic"): list(racecheck.ATOMIC_METHODS),
     ("numba.core.types.abstract", "Type"): ["__call__", "cast_python_value"],
+    ("numba.cuda.simulator.cudadrv.devicearray", "FakeWithinKernelCUDAArray"): ["__getattr__"],
 }
 
 

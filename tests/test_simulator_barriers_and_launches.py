@@ -395,3 +395,21 @@ def test_an_empty_forall_runs_nothing_as_in_numba():
 def test_an_empty_grid_is_refused_as_a_gpu_refuses_it():
     with pytest.raises(LaunchConfigError, match="CUDA_ERROR_INVALID_VALUE"):
         _fill[0, 32](np.full(3, np.nan, np.float32))
+
+
+@cuda.jit
+def read_shape_and_size(a, out):
+    out[0], out[1] = a.shape
+    out[2] = a.size
+    out[3] = a.shape[-1]  # CUDA Python's shapes refuse negative indices
+
+
+@sim_only
+def test_array_shape_and_size_in_a_kernel_are_numbas():
+    # common.internal.simulator makes them properties of the in-kernel array
+    # (Numba's simulator reached them through two __getattr__ hops): the same
+    # values, and a negative shape index is still an error, as on a GPU.
+    out = cuda.to_device(np.zeros(4, np.int64))
+    with pytest.raises(IndexError, match="out of range"):
+        read_shape_and_size[1, 1](cuda.to_device(np.zeros((3, 5), np.float32)), out)
+    np.testing.assert_array_equal(out.copy_to_host()[:3], [3, 5, 15])
