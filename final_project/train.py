@@ -273,15 +273,15 @@ def resolve_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> a
     if args.graph is None:
         args.graph = args.kernels == "fast" and not common.is_simulator()
     if args.precision == "tf32":
+        try:  # first: without a Hopper GPU nothing else matters
+            require_tf32_convs()
+        except RuntimeError as e:
+            parser.error(str(e))
         if args.kernels != "fast":
             parser.error("--precision tf32 needs --kernels fast (the tensor-core kernels)")
         reason = tf32_refusal(net_config(args))
         if reason:
             parser.error(f"--precision tf32: {reason}")
-        try:
-            require_tf32_convs()
-        except RuntimeError as e:
-            parser.error(str(e))
     if args.compile_workers is not None and args.compile_workers < 0:
         parser.error(f"--compile-workers must be 0 or more, got {args.compile_workers}")
     return args
