@@ -1,11 +1,12 @@
-"""conv2 on Hopper's tensor cores in TF32: the forward and the input gradient as
-``wgmma`` implicit GEMMs over channels-last (NHWC) activations.
+"""conv2 on Hopper's tensor cores in TF32: the forward, the input gradient and the
+weight gradient as ``wgmma`` implicit GEMMs.
 
 The capstone's FP32 kernels (:mod:`final_project.fast_conv`) read NCHW tensors
-and multiply on the CUDA cores. With ``FastCNN(precision="tf32")`` conv2's
-forward and input gradient run here instead, on the tensor cores through the
-``wgmma`` intrinsics of :mod:`common.wgmma` (chapter 08, version 3, is the same
-pipeline for a plain GEMM):
+and multiply on the CUDA cores. With ``FastCNN(precision="tf32")`` conv2's three
+GEMMs run here instead, on the tensor cores through the ``wgmma`` intrinsics of
+:mod:`common.wgmma` (chapter 08, version 3, is the same pipeline for a plain
+GEMM). The weight gradient (:func:`conv2d_grad_weight_tf32`, its own section
+below) reads NCHW as it is; the other two read channels-last (NHWC) copies:
 
     forward       out (N, Co, H, W)  = conv(x, w) + b,   A = x in NHWC (N, H, W, Ci),
                                                           B = w as (Co, 3, 3, Ci)
