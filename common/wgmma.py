@@ -208,6 +208,28 @@ def require_wgmma() -> None:
     check_compute_capability(cuda.get_current_device().compute_capability)
 
 
+def has_wgmma() -> bool:
+    """True where wgmma kernels run (a Hopper GPU): :func:`require_wgmma` without
+    the error, for skipping and for choosing."""
+    try:
+        require_wgmma()
+    except RuntimeError:
+        return False
+    return True
+
+
+def allow_dynamic_shared_memory(kernel: Any, args: tuple, nbytes: int) -> None:
+    """:func:`set_dynamic_shared_memory` for the types of ``args`` (the launch's
+    arguments), once per kernel and types: the answers are kept on the kernel."""
+    from numba import typeof
+
+    types = tuple(typeof(a) for a in args)
+    done = kernel.__dict__.setdefault("_course_shared_memory_allowed", set())
+    if types not in done:
+        set_dynamic_shared_memory(kernel, types, nbytes)
+        done.add(types)
+
+
 def set_dynamic_shared_memory(kernel: Any, argument_types: tuple, nbytes: int) -> None:
     """Compile ``kernel`` for ``argument_types`` and allow it ``nbytes`` of dynamic
     shared memory (above the 48 KiB a launch gets without asking:

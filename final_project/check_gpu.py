@@ -28,6 +28,7 @@ import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
 from common.checking import CheckError, check, guarded, random_array
 from common.runtime import is_simulator, pick
 from common.timing import benchmark, device_peaks, format_table, write_json
+from common.wgmma import has_wgmma
 
 import argparse
 import sys
@@ -40,7 +41,6 @@ from final_project import checks, reference
 from final_project import fast_conv as FC
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, NumbaCNN
-from final_project.tf32_conv import require_tf32_convs
 
 # Sums over a batch's pixels: N*H*W terms, 802,816 a conv1 weight (and a bn1
 # channel) at batch 1024, 200,704 a conv2 weight. The naive kernels add them in
@@ -171,7 +171,7 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
             for k, v in checks.check_eval_forward(config, n, rng, model_cls=FastCNN).items()
         }
     )
-    if tf32_runs_here():  # precision "tf32": conv2 on the tensor cores (Hopper)
+    if has_wgmma():  # precision "tf32": conv2 on the tensor cores (Hopper)
         for batch in sorted({n, big}):
             x, y = checks.random_batch(config, batch, rng)
             model = FastCNN(config, max_batch=batch, seed=0, precision="tf32")
@@ -182,15 +182,6 @@ def check_all(config: NetConfig, n: int, rng) -> dict[str, float]:
                 }
             )
     return errs
-
-
-def tf32_runs_here() -> bool:
-    """True where FastCNN(precision="tf32") runs (a Hopper GPU)."""
-    try:
-        require_tf32_convs()
-    except RuntimeError:
-        return False
-    return True
 
 
 def time_step(config: NetConfig, batch: int, rng, repeats: int) -> list:

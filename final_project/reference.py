@@ -365,12 +365,17 @@ def reference_backward(logits: np.ndarray, caches: dict[str, Any], y: np.ndarray
         d = relu_backward(d, caches[f"relu_{bn}"])
         d, g[f"{bn}.weight"], g[f"{bn}.bias"] = batchnorm_backward(d, caches[bn])
         tf32 = caches.get("tf32", ())
-        dx, g[f"{conv}.weight"], g[f"{conv}.bias"] = conv2d_backward(d, caches[conv])
         x, w, pad = caches[conv]
-        if f"{conv} grad weight" in tf32:  # the bias gradient stays a plain sum
-            _, g[f"{conv}.weight"], _ = conv2d_backward(tf32_operand(d), (tf32_operand(x), w, pad))
-        if f"{conv} grad input" in tf32:
-            dx, _, _ = conv2d_backward(tf32_operand(d), (x, tf32_operand(w), pad))
+        gw, gi = f"{conv} grad weight" in tf32, f"{conv} grad input" in tf32
+        d_t = tf32_operand(d) if gw or gi else d
+        x_t = tf32_operand(x) if gw else x
+        w_t = tf32_operand(w) if gi else w
+        if gw == gi:  # one pass: both products plain, or both in TF32
+            dx, g[f"{conv}.weight"], _ = conv2d_backward(d_t, (x_t, w_t, pad))
+        else:
+            dx, _, _ = conv2d_backward(d_t if gi else d, (x, w_t, pad))
+            _, g[f"{conv}.weight"], _ = conv2d_backward(d_t if gw else d, (x_t, w, pad))
+        g[f"{conv}.bias"] = d.sum(axis=(0, 2, 3))  # a plain sum in either precision
         d = dx
     return float(loss), g
 

@@ -50,7 +50,7 @@ import functools
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32, typeof, uint32
+from numba import cuda, float32, float64, int32, uint32
 
 from final_project.fast_conv import shifted_sums
 from final_project.reference import TF32_UNIT
@@ -100,7 +100,8 @@ def supported(c_in: int, c_out: int, h: int, w: int) -> str | None:
 
 
 def require_tf32_convs() -> None:
-    """RuntimeError, saying what to do, unless wgmma can run (a Hopper GPU)."""
+    """RuntimeError, saying what to do, unless wgmma can run (a Hopper GPU;
+    :func:`common.wgmma.has_wgmma` asks without the error)."""
     try:
         wg.require_wgmma()
     except RuntimeError as e:
@@ -359,7 +360,6 @@ def make_conv3x3_wgmma(c_gather: int, n_out: int, h: int, w: int, forward: bool)
                 bn_partials[(cuda.blockIdx.x * 2 + q) * n_out + c] = total
 
     conv3x3_wgmma.shared_bytes = STAGES * stage_bytes + 1024  # + alignment to 1024
-    conv3x3_wgmma.ready = set()  # argument types whose shared-memory limit is raised
     return conv3x3_wgmma
 
 
@@ -372,10 +372,7 @@ def forward_partial_rows(n: int, h: int, w: int) -> int:
 def _launch(kernel, x, wk, b, out, bn_partials, m_total, stream) -> None:
     args = (x.reshape(x.size), wk.reshape(wk.size), b, out.reshape(out.size))
     args += (bn_partials.reshape(bn_partials.size), m_total)
-    types = tuple(typeof(a) for a in args)
-    if types not in kernel.ready:  # once per argument types: compile, allow the memory
-        wg.set_dynamic_shared_memory(kernel, types, kernel.shared_bytes)
-        kernel.ready.add(types)
+    wg.allow_dynamic_shared_memory(kernel, args, kernel.shared_bytes)
     kernel[ceil_div(m_total, BM), THREADS, stream, kernel.shared_bytes](*args)
 
 
@@ -632,7 +629,6 @@ def make_conv3x3_grad_weight_wgmma(c_in: int, c_out: int, h: int, w: int):
                 partials[out + (row + 8) * n_cols + col] = res[4 * j + 2 + e]
 
     conv3x3_grad_weight_wgmma.shared_bytes = STAGES * stage_bytes + 1024
-    conv3x3_grad_weight_wgmma.ready = set()
     return conv3x3_grad_weight_wgmma
 
 
@@ -718,10 +714,7 @@ def conv2d_grad_weight_tf32(dout, x, grad_w, grad_b, partials, stream=0) -> None
     blocks_x = grad_weight_blocks(n, h, w)
     per_block = ceil_div(ceil_div(k_total, SLICE), blocks_x)
     args = (dout.reshape(dout.size), x.reshape(x.size), partials[:need], per_block, k_total)
-    types = tuple(typeof(a) for a in args)
-    if types not in kernel.ready:
-        wg.set_dynamic_shared_memory(kernel, types, kernel.shared_bytes)
-        kernel.ready.add(types)
+    wg.allow_dynamic_shared_memory(kernel, args, kernel.shared_bytes)
     grid = (blocks_x, c_out // 64, c_in // SLICE)
     kernel[grid, GW_THREADS, stream, kernel.shared_bytes](*args)
     outputs = c_out * c_in * 9 + c_out

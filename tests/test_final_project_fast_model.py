@@ -10,7 +10,7 @@ reduce's group of images; a label equal to the class count gives a NaN loss.
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
-from common.checking import check
+from common.checking import CheckError, check
 from common.internal import racecheck
 from common.internal.float32_purity import recording_launches
 
@@ -318,3 +318,21 @@ def test_gpu_graph_step_equals_eager_step(rng):
     a, b = graphed.state_dict(), eager.state_dict()
     for name in a:
         assert np.array_equal(a[name], b[name]), name
+
+
+def test_step_check_refuses_a_relu_decision_far_from_zero(rng):
+    """The ReLU tie rule follows the model's on/off decisions only near 0: a model
+    whose fc1 unit is off where its input is clearly positive (here: relu_open
+    reporting the most open unit closed) fails, named, instead of being followed."""
+
+    class ClosesOneUnit(FastCNN):
+        def relu_open(self, n):
+            pool1, pool2, fc1 = super().relu_open(n)
+            hidden = self._rows("hidden_act", n).copy_to_host()
+            fc1[np.unravel_index(hidden.argmax(), hidden.shape)] = False
+            return pool1, pool2, fc1
+
+    model = ClosesOneUnit(TINY, max_batch=3, seed=int(rng.integers(1 << 30)))
+    x, y = checks.random_batch(TINY, 3, rng)
+    with pytest.raises(CheckError, match="fc1 ReLU"):
+        checks.check_train_step(model, x, y, lr=0.1)

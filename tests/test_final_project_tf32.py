@@ -9,6 +9,7 @@ training steps through the same check as FP32 (final_project.checks).
 """
 
 import common  # noqa: F401  (first: picks GPU or simulator before numba loads)
+from common import wgmma as wg
 from common.checking import check, rounding_tolerance
 
 import numpy as np
@@ -20,16 +21,7 @@ from final_project import tf32_conv as tc
 from final_project.fast_model import FastCNN
 from final_project.model import NetConfig, init_params
 
-
-def has_wgmma() -> bool:
-    try:
-        tc.require_tf32_convs()
-    except RuntimeError:
-        return False
-    return True
-
-
-hopper = pytest.mark.skipif(not has_wgmma(), reason="the TF32 kernels run only on a Hopper GPU")
+hopper = pytest.mark.skipif(not wg.has_wgmma(), reason="the TF32 kernels run only on a Hopper GPU")
 # conv2 of the capstone (32 -> 64 channels) on small images (H * W a multiple of 4,
 # as the kernels need and the capstone's always is): 2 x 6 leaves blocks
 # part-filled; the real 14 x 14 too (196 pixels an image); 40 x 14 x 14 gives the
@@ -87,7 +79,7 @@ def test_fast_model_refuses_an_unknown_precision_and_unsupported_channels():
         FastCNN(NetConfig(c1=24), max_batch=2, precision="tf32")
 
 
-@pytest.mark.skipif(has_wgmma(), reason="checks the refusal where wgmma cannot run")
+@pytest.mark.skipif(wg.has_wgmma(), reason="checks the refusal where wgmma cannot run")
 def test_tf32_refused_without_a_hopper_gpu_and_says_what_to_do():
     with pytest.raises(RuntimeError, match="Hopper.*Use precision 'fp32'"):
         FastCNN(NetConfig(), max_batch=2, precision="tf32")
@@ -114,7 +106,7 @@ def test_train_refuses_tf32_it_cannot_run(argv, message, capsys, monkeypatch):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.skipif(has_wgmma(), reason="checks the refusal where wgmma cannot run")
+@pytest.mark.skipif(wg.has_wgmma(), reason="checks the refusal where wgmma cannot run")
 def test_train_refuses_tf32_without_a_hopper_gpu(capsys):
     from final_project import train
 

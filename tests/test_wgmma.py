@@ -206,7 +206,7 @@ def test_one_wgmma_chain_on_hopper(precision, n, rng):
 def test_pipeline_intrinsics_refuses_a_short_pipeline_and_the_simulator():
     with pytest.raises(ValueError, match="3 to 6 stages"):
         wg.pipeline_intrinsics("tf32", 64, 2)
-    if not wg_runs_here():
+    if not wg.has_wgmma():
         with pytest.raises(RuntimeError, match="Hopper"):
             wg.pipeline_intrinsics("tf32", 64, 4)
     else:  # the fields name the intrinsics their roles say
@@ -214,11 +214,3 @@ def test_pipeline_intrinsics_refuses_a_short_pipeline_and_the_simulator():
         assert p.mma is wg.intrinsic_named("wgmma_tf32_m64n64")
         assert p.cp_async_wait is wg.intrinsic_named("cp_async_wait1")
         assert p.cp_async_16 is wg.intrinsic_named("cp_async_16")
-
-
-def wg_runs_here() -> bool:
-    try:
-        wg.require_wgmma()
-    except RuntimeError:
-        return False
-    return True

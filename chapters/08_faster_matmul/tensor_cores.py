@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-from numba import cuda, float32, typeof, uint32
+from numba import cuda, float32, uint32
 
 mm = import_sibling(__file__, "matmul")  # operands, checks and the float64 reference
 tools = import_sibling(__file__, "matmul_tools")
@@ -695,7 +695,6 @@ class WgmmaLauncher:
         # the last operand pair and its conversion: (id(a), id(b)) -> (a, b, a', b');
         # one entry, so a launcher reused across sizes keeps no earlier operands alive
         self._operands = {}
-        self._ready = set()
         self._bt = None  # "kn-t": the transposed B, kept between calls
 
     def _transposed(self, b):
@@ -723,10 +722,7 @@ class WgmmaLauncher:
             a, b = self._convert(a, b)
         wide = (a.shape[1] * a.dtype.itemsize) % 16 == 0
         kernel = self.kernels[wide]
-        key = (wide, typeof(a), typeof(b), typeof(c))
-        if key not in self._ready:
-            wg.set_dynamic_shared_memory(kernel, key[1:], self.nbytes)
-            self._ready.add(key)
+        wg.allow_dynamic_shared_memory(kernel, (a, b, c), self.nbytes)
         m, n = c.shape
         grid = (ceil_div(n, self.tile.bn), ceil_div(m, WG_BM))
         kernel[grid, WG_THREADS, 0, self.nbytes](a, b, c)
@@ -805,11 +801,7 @@ def versions(precision, tile=TILE):
 
 def has_wgmma():
     """True on a Hopper GPU (version 3 runs), False elsewhere and in the simulator."""
-    try:
-        wg.require_wgmma()
-    except RuntimeError:
-        return False
-    return True
+    return wg.has_wgmma()
 
 
 _BEST = {}
