@@ -464,8 +464,9 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
         Stage.CONV2_GRAD_WEIGHT: (conv2, 4 * (z2 + p1)),
         Stage.CONV2_GRAD_INPUT: (conv2, 4 * (z2 + p1)),
         Stage.BN1_BACKWARD_REDUCE: (0, 4 * p1 + 4 * p1),
-        Stage.BN1_BACKWARD_DX: (0, 4 * z1 + 4 * p1 + p1 + 4 * z1),
-        Stage.CONV1_GRAD_WEIGHT: (conv1, 4 * (z1 + x1)),
+        # conv1 computed again and its weight gradient, from the images and
+        # three pool-sized arrays (first_conv)
+        Stage.CONV1_GRAD_WEIGHT: (2 * conv1, 4 * x1 + 4 * p1 + p1 + 4 * p1),
         Stage.SGD_UPDATE: (0, 12 * sum(int(np.prod(s)) for s in param_shapes(c).values())),
     }
     if set(work) != set(STAGES):

@@ -4,16 +4,22 @@ Same network, parameters, state dicts and checks as :class:`final_project.model.
 (both derive from :class:`~final_project.model.CNNBase`); what changes is how a
 step runs:
 
-    forward   conv1 (direct, BN partial sums in the epilogue) -> BN1 statistics
-              -> BN1 apply + ReLU + max-pool (fused; the window winners' conv
-              outputs kept for the backward) -> conv2 (implicit GEMM, BN
+    forward   conv1's BN partial sums (conv1 computed, not stored) -> BN1
+              statistics -> conv1 again + BN1 apply + ReLU + max-pool (one
+              kernel; the window winners' conv outputs kept for the backward)
+              -> conv2 (implicit GEMM, BN
               partials in the epilogue) -> BN2 statistics -> BN2 + ReLU + pool
               -> fc1 (split-K GEMM, bias + ReLU when reducing) -> fc2 + log-softmax
               + NLL + dlogits + fc1's masked output gradient (one kernel) -> mean loss
     backward  fc2 and fc1 weight gradients (split-K GEMMs, bias as a column of ones)
               -> fc1 input gradient -> pool2/ReLU2/BN2 backward (partials, then dz2)
               -> conv2 weight gradient (split-K) and input gradient (implicit GEMM)
-              -> pool1/ReLU1/BN1 backward -> conv1 weight gradient
+              -> pool1/ReLU1/BN1 backward reduce -> conv1 again, BN1's dz and
+              conv1's weight gradient in one kernel
+    conv1's three kernels compute its output from the images each time
+    (final_project.first_conv): neither it nor its gradient is ever in memory.
+    With conv1="direct" or "igemm" (and for inputs first_conv does not take)
+    conv1 writes its output and the BN1 kernels read it, as chapter 9 profiled.
     update    one SGD launch over the flat parameter buffer
 
 With ``precision="tf32"`` conv2's three GEMMs (forward, weight gradient, input
@@ -23,7 +29,7 @@ conv2 forward stage also converts the conv2 weights and pool1's output, the grad
 input stage dz2, and the weight gradient adds its split-K partials in a second
 launch (4 launches more).
 
-That is 27 launches (FP32), every one on the model's own stream, with every buffer
+That is 26 launches (FP32), every one on the model's own stream, with every buffer
 allocated once for ``max_batch``. On a GPU the first step at a new batch size
 (or learning rate) runs eagerly, which compiles and warms every kernel, and is
 then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
@@ -56,8 +62,8 @@ from numba import cuda
 
 from final_project import fast_conv as fconv
 from final_project import fast_layers as fl
+from final_project import first_conv, tf32_conv
 from final_project import kernels as naive
-from final_project import tf32_conv
 from final_project.graph import CudaGraphBackend, default_graph_backend
 from final_project.model import CNNBase, NetConfig, _Layer
 from final_project.reference import TF32_OPS
@@ -85,8 +91,8 @@ class Stage:
     CONV2_GRAD_WEIGHT = "conv2 grad weight"
     CONV2_GRAD_INPUT = "conv2 grad input"
     BN1_BACKWARD_REDUCE = "bn1 backward reduce"
-    BN1_BACKWARD_DX = "bn1 backward dx"
-    CONV1_GRAD_WEIGHT = "conv1 grad weight"
+    # bn1's dz and conv1's weight gradient in one kernel (final_project.first_conv)
+    CONV1_GRAD_WEIGHT = "bn1 backward dz + conv1 grad weight"
     SGD_UPDATE = "sgd update"
 
 
@@ -96,6 +102,7 @@ STAGES: tuple[str, ...] = tuple(v for k, v in vars(Stage).items() if k.isupper()
 
 
 PRECISIONS = ("fp32", "tf32")
+CONV1_KINDS = ("fused", "direct", "igemm")
 
 
 def tf32_refusal(config: NetConfig) -> str | None:
@@ -147,7 +154,10 @@ class FastCNN(CNNBase, _Layer):
         params: initial state as NumPy arrays by torch name.
         graph: capture each step into a CUDA graph (default: on a GPU; the
             simulator has none). ``False`` launches every kernel from Python.
-        conv1: "direct" (a kernel for tiny input channel counts) or "igemm".
+        conv1: "fused" (the default where :func:`final_project.first_conv.supported`
+            allows: conv1 computed from the images in each kernel that needs its
+            output, which is never in memory), else "direct" (default otherwise: a
+            kernel for tiny input channel counts writes conv1's output) or "igemm".
         graph_backend: what captures and replays a step (tests pass a fake one).
         precision: "fp32" (every kernel on the CUDA cores) or "tf32": conv2's
             forward, weight gradient and input gradient on the tensor cores in TF32
@@ -167,7 +177,7 @@ class FastCNN(CNNBase, _Layer):
         seed: int = 0,
         params: dict | None = None,
         graph: bool | None = None,
-        conv1: str = "direct",
+        conv1: str | None = None,
         graph_backend: Any = None,
         precision: str = "fp32",
     ) -> None:
@@ -186,8 +196,13 @@ class FastCNN(CNNBase, _Layer):
                 f"{fl.CLS_MAX_HIDDEN} hidden units, got {config.num_classes} and "
                 f"{config.hidden}; use NumbaCNN for larger heads"
             )
-        if conv1 not in ("direct", "igemm"):
-            raise ValueError(f"conv1 must be 'direct' or 'igemm', got {conv1!r}")
+        fused_refusal = first_conv.supported(config.in_channels, config.height, config.width)
+        if conv1 is None:
+            conv1 = "direct" if fused_refusal else "fused"
+        if conv1 not in CONV1_KINDS:
+            raise ValueError(f"conv1 must be one of {CONV1_KINDS}, got {conv1!r}")
+        if conv1 == "fused" and fused_refusal:
+            raise ValueError(f"conv1 'fused': {fused_refusal}; use conv1 'direct'")
         if graph and is_simulator() and graph_backend is None:
             raise ValueError(
                 "the simulator has no CUDA graphs: use graph=False (or leave it to the default)"
@@ -214,9 +229,12 @@ class FastCNN(CNNBase, _Layer):
         self.x_static = dev((m, c.in_channels, h, w), f32)
         self.y_static = dev(m, np.int32)
         # forward
-        self.z1 = dev((m, c.c1, h, w), f32)
         # Partial-sum row counts depend on the tiles, which depend on N (small
         # grids get smaller tiles): size each buffer for the worst N.
+        if self.conv1_kind == "fused":
+            rows1 = _max_size(lambda n: first_conv.bn_partial_rows(n, c.c1, c.in_channels, h, w), m)
+        else:
+            self.z1 = dev((m, c.c1, h, w), f32)
         if self.conv1_kind == "direct":
             rows1 = _max_size(lambda n: fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1), m)
         else:
@@ -282,20 +300,14 @@ class FastCNN(CNNBase, _Layer):
         self.bn1_back_partials = dev(
             (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64
         )
-        self.dz1 = dev((m, c.c1, h, w), f32)
-        self.conv1_grad_partials = dev(
-            _max_size(
-                lambda n: int(
-                    np.prod(
-                        fconv.conv2d_grad_weight_igemm_partials_shape(
-                            n, h, w, c.c1, c.in_channels, 3
-                        )
-                    )
-                ),
-                m,
-            ),
-            f32,
-        )
+        if self.conv1_kind == "fused":
+            grad1_shape = lambda n: first_conv.partials_shape(n, c.c1, c.in_channels, h, w)  # noqa: E731
+        else:
+            self.dz1 = dev((m, c.c1, h, w), f32)
+            grad1_shape = lambda n: fconv.conv2d_grad_weight_igemm_partials_shape(  # noqa: E731
+                n, h, w, c.c1, c.in_channels, 3
+            )
+        self.conv1_grad_partials = dev(_max_size(lambda n: int(np.prod(grad1_shape(n))), m), f32)
 
     def _conv2_partial_rows(self, n: int) -> int:
         h2, w2 = self.config.height // 2, self.config.width // 2
@@ -324,14 +336,22 @@ class FastCNN(CNNBase, _Layer):
         """Conv blocks and fc1 on x_static[:n]; returns fc1's ReLU output (n, hidden)."""
         c, s, p = self.config, self.stream, self.params
         x = self._rows("x_static", n)
-        z1, z2 = self._rows("z1", n), self._rows("z2", n)
+        z2 = self._rows("z2", n)
         h, w = c.height, c.width
-        if self.conv1_kind == "direct":
+        if self.conv1_kind == "fused":
+            rows1 = first_conv.bn_partial_rows(n, c.c1, c.in_channels, h, w)
+            if training:  # the evaluation forward uses the running statistics
+                first_conv.conv_bn_sums(
+                    x, p["conv1.weight"], p["conv1.bias"], self.bn1_partials[:rows1], stream=s
+                )
+        elif self.conv1_kind == "direct":
+            z1 = self._rows("z1", n)
             rows1 = fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1)
             fconv.conv2d_forward_direct(
                 x, p["conv1.weight"], p["conv1.bias"], 1, z1, self.bn1_partials[:rows1], stream=s
             )
         else:
+            z1 = self._rows("z1", n)
             rows1 = fconv.conv2d_forward_igemm_partial_rows(n, h, w)
             fconv.conv2d_forward_igemm(
                 x, p["conv1.weight"], p["conv1.bias"], 1, z1, self.bn1_partials[:rows1], stream=s
@@ -339,15 +359,21 @@ class FastCNN(CNNBase, _Layer):
         mark(Stage.CONV1_FORWARD)
         self._bn_scale_shift("bn1", self.bn1_partials[:rows1], n * h * w, training)
         mark(Stage.BN1_STATISTICS)
-        fl.bn_relu_maxpool_forward(
-            z1,
-            self.bn1_scale,
-            self.bn1_shift,
-            self._rows("pooled1", n),
-            self._rows("argmax1", n),
-            s,
-            zwin=self._rows("zwin1", n),
-        )
+        pool1 = [self._rows(k, n) for k in ("pooled1", "argmax1", "zwin1")]
+        if self.conv1_kind == "fused":
+            first_conv.conv_bn_relu_maxpool(
+                x,
+                p["conv1.weight"],
+                p["conv1.bias"],
+                self.bn1_scale,
+                self.bn1_shift,
+                *pool1,
+                stream=s,
+            )
+        else:
+            fl.bn_relu_maxpool_forward(
+                z1, self.bn1_scale, self.bn1_shift, *pool1[:2], s, zwin=pool1[2]
+            )
         mark(Stage.BN1_RELU_POOL1)
         rows2 = self._conv2_partial_rows(n)
         if self.precision == "tf32":
@@ -501,39 +527,76 @@ class FastCNN(CNNBase, _Layer):
         else:
             fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
         mark(Stage.CONV2_GRAD_INPUT)
-        dz1 = self._bn_backward(
-            "bn1",
-            n,
-            d_pooled1,
-            self._rows("argmax1", n),
-            self._rows("z1", n),
-            self._rows("dz1", n),
-            self.bn1_back_partials,
-            mark,
-            (Stage.BN1_BACKWARD_REDUCE, Stage.BN1_BACKWARD_DX),
-        )
-        part1 = self._scratch(
-            "conv1_grad_partials",
-            n,
-            lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(
-                k, c.height, c.width, c.c1, c.in_channels, 3
-            ),
-        )
-        fconv.conv2d_grad_weight_igemm(
-            dz1, self._rows("x_static", n), 1, g["conv1.weight"], g["conv1.bias"], part1, stream=s
-        )
+        self._bn_backward_reduce("bn1", n, d_pooled1, self.bn1_back_partials)
+        mark(Stage.BN1_BACKWARD_REDUCE)
+        x = self._rows("x_static", n)
+        stats = [getattr(self, f"bn1_{k}") for k in ("mean", "invstd")]
+        affine = [getattr(self, f"bn1_{k}") for k in ("scale", "shift")]
+        if self.conv1_kind == "fused":
+            part1 = self._scratch(
+                "conv1_grad_partials",
+                n,
+                lambda k: first_conv.partials_shape(k, c.c1, c.in_channels, c.height, c.width),
+            )
+            first_conv.bn_backward_conv_grad_weight(
+                x,
+                p["conv1.weight"],
+                p["conv1.bias"],
+                d_pooled1,
+                self._rows("argmax1", n),
+                self._rows("zwin1", n),
+                *stats,
+                p["bn1.weight"],
+                *affine,
+                g["bn1.weight"],
+                g["bn1.bias"],
+                g["conv1.weight"],
+                g["conv1.bias"],
+                part1,
+                stream=s,
+            )
+        else:  # inputs the fused kernel does not take: dz1 in memory
+            dz1 = self._rows("dz1", n)
+            fl.bn_relu_maxpool_backward_dx(
+                d_pooled1,
+                self._rows("argmax1", n),
+                self._rows("z1", n),
+                *stats,
+                *affine,
+                p["bn1.weight"],
+                g["bn1.weight"],
+                g["bn1.bias"],
+                dz1,
+                s,
+            )
+            part1 = self._scratch(
+                "conv1_grad_partials",
+                n,
+                lambda k: fconv.conv2d_grad_weight_igemm_partials_shape(
+                    k, c.height, c.width, c.c1, c.in_channels, 3
+                ),
+            )
+            fconv.conv2d_grad_weight_igemm(
+                dz1, x, 1, g["conv1.weight"], g["conv1.bias"], part1, stream=s
+            )
         mark(Stage.CONV1_GRAD_WEIGHT)
+
+    def _bn_backward_reduce(self, name, n, d_pooled, partials_buf) -> None:
+        """dgamma and dbeta of BN -> ReLU -> pool ``name`` (into the grads)."""
+        g, s = self.grads, self.stream
+        stats = [getattr(self, f"{name}_{k}") for k in ("mean", "invstd", "scale", "shift")]
+        _, _, ph, pw = d_pooled.shape
+        partials = partials_buf[: fl.bn_backward_partial_rows(n, ph, pw)]
+        zwin = self._rows(f"zwin{name[-1]}", n)
+        fl.bn_relu_maxpool_backward_reduce_winners(d_pooled, zwin, *stats, partials, s)
+        fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
 
     def _bn_backward(self, name, n, d_pooled, argmax, z, dz, partials_buf, mark, stages) -> Any:
         """The backward of BN -> ReLU -> pool ``name``: two stages, ``stages`` =
         (dgamma and dbeta, dz)."""
         p, g, s = self.params, self.grads, self.stream
         stats = [getattr(self, f"{name}_{k}") for k in ("mean", "invstd", "scale", "shift")]
-        _, _, ph, pw = d_pooled.shape
-        partials = partials_buf[: fl.bn_backward_partial_rows(n, ph, pw)]
-        zwin = self._rows(f"zwin{name[-1]}", d_pooled.shape[0])
-        fl.bn_relu_maxpool_backward_reduce_winners(d_pooled, zwin, *stats, partials, s)
-        fl.bn_backward_finalize(partials, g[f"{name}.weight"], g[f"{name}.bias"], s)
+        self._bn_backward_reduce(name, n, d_pooled, partials_buf)
         mark(stages[0])
         fl.bn_relu_maxpool_backward_dx(
             d_pooled,

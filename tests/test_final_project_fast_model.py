@@ -32,6 +32,10 @@ TINY = NetConfig(height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
 # image: with the GPU's block size as with the simulator's.
 TAIL = NetConfig(height=8, width=3 * fl.BN_REDUCE_BLOCK // 2, c1=3, c2=5, hidden=7, num_classes=4)
 TAIL_BATCH = 3
+# conv1's fused backward (first_conv) takes 1 to 3 input channels; 4 take the
+# two-kernel path with dz1 in memory
+RGB = NetConfig(in_channels=3, height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
+FOUR_IN = NetConfig(in_channels=4, height=8, width=8, c1=3, c2=5, hidden=7, num_classes=4)
 
 
 # A batch is redrawn while an input of fc1's ReLU lies within KINK_MARGIN of the
@@ -73,14 +77,15 @@ def _assert_short_last_bn1_block(config, n):
 
 @pytest.mark.parametrize(
     "config, n",
-    [(TINY, 1), (TINY, 3), (TAIL, TAIL_BATCH)],
-    ids=["batch1", "batch3", "batch3-short-last-bn-block"],
+    [(TINY, 1), (TINY, 3), (TAIL, TAIL_BATCH), (RGB, 2), (FOUR_IN, 2)],
+    ids=["batch1", "batch3", "batch3-short-last-bn-block", "rgb", "4-channels-unfused-conv1"],
 )
 def test_fast_train_step_matches_reference(rng, config, n):
     if config is TAIL:
         _assert_short_last_bn1_block(config, n)
     # max_batch n + 1: a batch smaller than the buffers uses their first rows
     model = FastCNN(config, max_batch=n + 1, seed=int(rng.integers(1000)))
+    assert model.conv1_kind == ("fused" if config.in_channels <= 3 else "direct")
     _poison_bn_partials(model)
     x, y = judgeable_batch(model.state_dict(), config, n, rng)
     checks.check_train_step(model, x, y, lr=0.1)
@@ -209,7 +214,7 @@ def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
     """on_stage(name) once per stage of STAGES, in that order, right after that
     stage's launches, which run from the host: with a graph backend, neither
     before nor after the step's graph exists is anything captured or replayed
-    for it. The stages' kernels are the step's 27 launches, each in its stage."""
+    for it. The stages' kernels are the step's 26 launches, each in its stage."""
     state = init_params(TINY, 4)
     backend = CountingBackend()
     graphed = FastCNN(TINY, max_batch=2, params=state, graph_backend=backend)
@@ -227,12 +232,20 @@ def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
         assert [name for name, _ in stages] == list(STAGES)
         kernels = dict(stages)
         assert all(kernels.values()), f"stages with no launch: {kernels}"
-        assert sum(map(len, kernels.values())) == 27
+        assert sum(map(len, kernels.values())) == 26
         assert kernels[Stage.SGD_UPDATE] == ["sgd_update_naive"]
         # the linear layers and the convolutions share one split-K reduction
         assert kernels[Stage.FC1_GRAD_WEIGHT] == ["gemm_splitk", "splitk_reduce_weight_bias"]
         assert kernels[Stage.CONV2_GRAD_WEIGHT] == [
             "conv2d_grad_weight_igemm",
+            "splitk_reduce_weight_bias",
+        ]
+        # conv1's output and its gradient never in memory: each conv1 kernel
+        # computes conv1 from the images (first_conv)
+        assert kernels[Stage.CONV1_FORWARD] == ["conv_bn_sums"]
+        assert kernels[Stage.BN1_RELU_POOL1] == ["conv_bn_relu_maxpool"]
+        assert kernels[Stage.CONV1_GRAD_WEIGHT] == [
+            "bn_backward_conv_grad_weight",
             "splitk_reduce_weight_bias",
         ]
     a, b = graphed.state_dict(), eager.state_dict()
@@ -296,6 +309,11 @@ def test_fast_model_refuses_bad_batches(x, y, match):
     model = FastCNN(TINY, max_batch=2, graph=False)
     with pytest.raises(ValueError, match=match):
         model.train_step(x, y, 0.1)
+
+
+def test_fast_model_refuses_fused_conv1_for_four_input_channels():
+    with pytest.raises(ValueError, match="1 to 3 input channels.*conv1 'direct'"):
+        FastCNN(FOUR_IN, max_batch=2, conv1="fused")
 
 
 def test_fast_model_refuses_too_many_classes():
