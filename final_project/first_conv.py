@@ -25,18 +25,23 @@ window winner come from what the forward stored (``zwin``, ``argmax``), so the
 backward routes the gradient exactly where the forward's decisions were; only
 xhat is recomputed, off from the stored z1 by float32 rounding.
 
-Work split. A block takes ``imgs`` images and WARPS channels: it copies the
-images, zero-padded by one pixel, into shared memory once, then each warp takes
-one channel and each lane one 2 x 2 pooling window at a time: a 4 x 4 patch of
-each input channel from shared memory, four z's (36 FMAs a channel), four dz's,
-and 9 Ci + 1 sums (another 36 FMAs a channel). Each lane sums its windows in
-float32 in order; the 32 lanes' sums are added in a fixed order through shared
-memory, one float32 partial per (block of images, channel, column); the linear
-layers' reduction (:func:`final_project.fast_layers.splitk_reduce_weight_bias`)
-adds those in float64 in a fixed order. No atomics: the same result bit for
-bit, run to run. Reads: the images (once a channel group, from L2 after the
-first), and three pooled-size arrays (the gradient, the winners' z, a byte of
-argmax); writes: (N / imgs) x Co x (9 Ci + 1) partials.
+Work split. A block takes ``imgs`` images and WARPS x CPW channels: it copies
+the images, zero-padded by one pixel, into shared memory once, then each warp
+takes CPW channels and each lane one 2 x 2 pooling window at a time: a 4 x 4
+patch of each input channel from shared memory into registers, shared by the
+warp's CPW channels (the shared-memory loads, not the FMAs, limited the
+one-channel-a-warp version), then for each channel four z's (36 FMAs a channel),
+four dz's, and 9 Ci + 1 sums (another 36 FMAs a channel). Each lane sums its
+windows in float32 in order; the 32 lanes' sums are added in a fixed order
+through shared memory, one float32 partial per (block of images, channel,
+column); the linear layers' reduction
+(:func:`final_project.fast_layers.splitk_reduce_weight_bias`) adds those in
+float64 in a fixed order. No atomics: the same result bit for bit, run to run.
+Reads: the images (once a channel group, from L2 after the first), and three
+pooled-size arrays (the gradient, the winners' z, a byte of argmax); writes:
+(N / imgs) x Co x (9 Ci + 1) partials. CPW is 4 for the forward kernels and 2
+for the backward (its 10 sums a channel fill the registers), halved while the
+grid would leave SMs idle (:func:`channels_per_warp`).
 
 Run the checks: ``python -m pytest tests/test_final_project_first_conv.py -q``.
 """
@@ -58,8 +63,10 @@ SUMS = 2 * THREADS  # a lane's two batchnorm sums
 # Shared memory: the block's padded images, then (reused) the lanes' sums.
 SMEM_FLOATS = pick(gpu=8192, simulator=2048)
 MAX_IN_CHANNELS = 3  # (9 Ci + 1) sums a lane, WARPS * 32 lanes: must fit SMEM_FLOATS
-BLOCKS_PER_SM = 8  # aim for this many blocks an SM (they are short)
-
+IMAGE_BLOCKS_PER_SM = 2  # blocks of images an SM (each with its channel groups)
+MIN_BLOCKS_PER_SM = 2  # fewer channels a warp until the grid has this many blocks an SM
+MAX_CPW = {"sums": 4, "pool": 4, "backward": 2}  # channels a warp: the backward's 10
+# sums a channel and its constants fill the registers at 4
 assert WARPS * 32 * (TAPS * MAX_IN_CHANNELS + 1) <= SMEM_FLOATS
 
 
@@ -78,12 +85,21 @@ def supported(in_channels: int, height: int, width: int) -> str | None:
 
 
 def images_per_block(n: int, c_out: int, in_channels: int, height: int, width: int) -> int:
-    """Images a block takes: as many as shared memory holds, but few enough
-    that the grid has about BLOCKS_PER_SM blocks an SM (small batches)."""
+    """Images a block takes: as many as shared memory holds, but few enough for
+    about IMAGE_BLOCKS_PER_SM blocks of images an SM (small batches: one)."""
     fit = SMEM_FLOATS // (in_channels * (height + 2) * (width + 2))
-    groups = ceil_div(c_out, WARPS)
-    want = (n * groups) // (BLOCKS_PER_SM * sm_count())
+    want = n // (IMAGE_BLOCKS_PER_SM * sm_count())
     return max(1, min(fit, want, n))
+
+
+def channels_per_warp(image_blocks: int, c_out: int, most: int) -> int:
+    """Channels a warp takes (one patch from shared memory feeds them all): the
+    most, halved while the grid (image_blocks x channel groups) would have fewer
+    than MIN_BLOCKS_PER_SM blocks an SM."""
+    cpw = most
+    while cpw > 1 and image_blocks * ceil_div(c_out, WARPS * cpw) < MIN_BLOCKS_PER_SM * sm_count():
+        cpw //= 2
+    return cpw
 
 
 def partials_shape(
@@ -152,35 +168,45 @@ def make_window_helpers(CI):
                     patch[ci * 16 + u * 4 + v] = sm[top + u * wp + v]
 
     @jit(device=True, inline=True)
-    def conv_at(patch, wr, bias, j):
+    def conv_at(patch, wr, u, bias, j):
+        # channel slot u's weights start at wr[u * 9 CI]
         dy = j // 2
         dx = j % 2
         z = bias
         for ci in range(CI):
             for kh in range(KSIZE):
                 for kw in range(KSIZE):
-                    z += wr[ci * TAPS + kh * KSIZE + kw] * patch[ci * 16 + (dy + kh) * 4 + dx + kw]
+                    z += (
+                        wr[(u * CI + ci) * TAPS + kh * KSIZE + kw]
+                        * patch[ci * 16 + (dy + kh) * 4 + dx + kw]
+                    )
         return z
 
     return stage_images, first_window, next_window, load_patch, conv_at, NP
 
 
-def make_conv_bn_sums(CI):
+def make_conv_bn_sums(CI, CPW):
     """Kernel: conv1's batchnorm sums, without conv1's output in memory.
     Arguments (x, w, b, bn_partials, n_img, c_out, ph_n, pw_n, imgs), x, w and b
     flat; writes bn_partials[blockIdx.x, 0 or 1, c] = sum of z or of z^2 over
-    the block's images, for its WARPS channels. A lane sums each window's four
-    z - k in float32 (k: the lane's first z), adds that in float64, and turns
-    its shifted sums into plain ones (``fast_conv.shifted_sums``' algorithm);
-    the 32 lanes are added in float64 in a fixed order."""
+    the block's images, for its WARPS * CPW channels (CPW a warp, one patch
+    shared by them). A lane sums each window's four z - k in float32 (k: the
+    lane's first z of the channel), adds that in float64, and turns its shifted
+    sums into plain ones (``fast_conv.shifted_sums``' algorithm); the 32 lanes
+    are added in float64 in a fixed order."""
     stage_images, first_window, next_window, load_patch, conv_at, NP = make_window_helpers(CI)
     NW = TAPS * CI
+    NWC = NW * CPW  # the warp's channels' weights
 
     @jit(launch_bounds=(THREADS, 1), cache=True)
     def conv_bn_sums(x, w, b, bn_partials, n_img, c_out, ph_n, pw_n, imgs):
         sm = cuda.shared.array(SMEM_FLOATS, float32)
         red = cuda.shared.array(SUMS, float64)
-        wr = cuda.local.array(NW, float32)
+        wr = cuda.local.array(NWC, float32)
+        bias = cuda.local.array(CPW, float32)
+        kk = cuda.local.array(CPW, float32)
+        a1 = cuda.local.array(CPW, float64)
+        a2 = cuda.local.array(CPW, float64)
         patch = cuda.local.array(NP, float32)
         tid = int32(cuda.threadIdx.x & 1023)
         warp = tid // 32
@@ -194,67 +220,75 @@ def make_conv_bn_sums(CI):
         stage_images(sm, x, img0, here, height, width, tid)
         cuda.syncthreads()
 
-        sum1 = float64(0.0)
-        sum2 = float64(0.0)
-        c = int32(cuda.blockIdx.y) * WARPS + warp
-        windows = ph_n * pw_n
-        if c < c_out and lane < here * windows:
-            for j in range(NW):
-                wr[j] = w[uint64(c * NW + j)]
-            bias = b[c]
+        c0 = (int32(cuda.blockIdx.y) * WARPS + warp) * CPW
+        count = 0
+        for u in range(CPW):
+            a1[u] = 0.0
+            a2[u] = 0.0
+            kk[u] = float32(0.0)
+        if c0 < c_out and lane < here * ph_n * pw_n:
+            for u in range(CPW):
+                cu = min(c0 + u, c_out - 1)  # a slot past the last channel: computed, not written
+                for j in range(NW):
+                    wr[u * NW + j] = w[uint64(cu * NW + j)]
+                bias[u] = b[cu]
             img, ph, pw, s_img, s_ph, s_pw = first_window(lane, ph_n, pw_n)
             load_patch(patch, sm, img, ph, pw, plane, wp)
-            k = conv_at(patch, wr, bias, 0)  # the shift: one of the channel's values
-            a1 = float64(0.0)
-            a2 = float64(0.0)
-            count = 0
+            for u in range(CPW):
+                kk[u] = conv_at(patch, wr, u, bias[u], 0)  # the shift: one of the channel's values
             while img < here:
                 load_patch(patch, sm, img, ph, pw, plane, wp)
-                s1 = float32(0.0)
-                s2 = float32(0.0)
-                for j in range(4):
-                    t = conv_at(patch, wr, bias, j) - k
-                    s1 += t
-                    s2 += t * t
-                a1 += float64(s1)
-                a2 += float64(s2)
+                for u in range(CPW):
+                    s1 = float32(0.0)
+                    s2 = float32(0.0)
+                    for j in range(4):
+                        t = conv_at(patch, wr, u, bias[u], j) - kk[u]
+                        s1 += t
+                        s2 += t * t
+                    a1[u] += float64(s1)
+                    a2[u] += float64(s2)
                 count += 4
                 img, ph, pw = next_window(img, ph, pw, s_img, s_ph, s_pw, ph_n, pw_n)
-            kd = float64(k)
-            sum1 = count * kd + a1
-            sum2 = (count * kd) * kd + 2.0 * kd * a1 + a2
-        red[tid] = sum1
-        red[THREADS + tid] = sum2
-        cuda.syncthreads()
-        for t in range(tid, 2 * WARPS, THREADS):
-            q = t // WARPS
-            wq = t - q * WARPS
-            cq = int32(cuda.blockIdx.y) * WARPS + wq
-            if cq < c_out:
-                total = float64(0.0)
-                for el in range(32):
-                    total += red[q * THREADS + wq * 32 + el]
-                bn_partials[uint64((int32(cuda.blockIdx.x) * 2 + q) * c_out + cq)] = total
+        for u in range(CPW):
+            kd = float64(kk[u])
+            red[tid] = count * kd + a1[u]
+            red[THREADS + tid] = (count * kd) * kd + 2.0 * kd * a1[u] + a2[u]
+            cuda.syncthreads()
+            for t in range(tid, 2 * WARPS, THREADS):
+                q = t // WARPS
+                wq = t - q * WARPS
+                cq = (int32(cuda.blockIdx.y) * WARPS + wq) * CPW + u
+                if cq < c_out:
+                    total = float64(0.0)
+                    for el in range(32):
+                        total += red[q * THREADS + wq * 32 + el]
+                    bn_partials[uint64((int32(cuda.blockIdx.x) * 2 + q) * c_out + cq)] = total
+            cuda.syncthreads()
 
+    conv_bn_sums.cpw = CPW
     return conv_bn_sums
 
 
-def make_conv_bn_relu_maxpool(CI):
+def make_conv_bn_relu_maxpool(CI, CPW):
     """Kernel: maxpool2x2(relu(conv1(x) * scale + shift)) with conv1 computed
     again from the images, as ``fast_layers.bn_relu_maxpool_forward``'s training
     kernel computes it from z1 (the argmax on the ReLU outputs, first maximum
-    winning in row-major order, and the winner's z kept in zwin). Arguments (x,
-    w, b, scale, shift, pooled, argmax, zwin, n_img, c_out, ph_n, pw_n, imgs),
-    the arrays flat."""
+    winning in row-major order, and the winner's z kept in zwin); CPW channels a
+    warp share each patch. Arguments (x, w, b, scale, shift, pooled, argmax,
+    zwin, n_img, c_out, ph_n, pw_n, imgs), the arrays flat."""
     stage_images, first_window, next_window, load_patch, conv_at, NP = make_window_helpers(CI)
     NW = TAPS * CI
+    NWC = NW * CPW  # the warp's channels' weights
 
     @jit(launch_bounds=(THREADS, 1), cache=True)
     def conv_bn_relu_maxpool(
         x, w, b, scale, shift, pooled, argmax, zwin, n_img, c_out, ph_n, pw_n, imgs
     ):
         sm = cuda.shared.array(SMEM_FLOATS, float32)
-        wr = cuda.local.array(NW, float32)
+        wr = cuda.local.array(NWC, float32)
+        bias = cuda.local.array(CPW, float32)
+        sc = cuda.local.array(CPW, float32)
+        sh = cuda.local.array(CPW, float32)
         patch = cuda.local.array(NP, float32)
         tid = int32(cuda.threadIdx.x & 1023)
         warp = tid // 32
@@ -267,46 +301,54 @@ def make_conv_bn_relu_maxpool(CI):
         here = min(imgs, n_img - img0)
         stage_images(sm, x, img0, here, height, width, tid)
         cuda.syncthreads()
-        c = int32(cuda.blockIdx.y) * WARPS + warp
-        if c >= c_out:
+        c0 = (int32(cuda.blockIdx.y) * WARPS + warp) * CPW
+        if c0 >= c_out:
             return
-        for j in range(NW):
-            wr[j] = w[uint64(c * NW + j)]
-        bias = b[c]
-        sc = scale[c]
-        sh = shift[c]
+        for u in range(CPW):
+            cu = min(c0 + u, c_out - 1)
+            for j in range(NW):
+                wr[u * NW + j] = w[uint64(cu * NW + j)]
+            bias[u] = b[cu]
+            sc[u] = scale[cu]
+            sh[u] = shift[cu]
         zero = float32(0.0)
         windows = ph_n * pw_n
         img, ph, pw, s_img, s_ph, s_pw = first_window(lane, ph_n, pw_n)
         while img < here:
             load_patch(patch, sm, img, ph, pw, plane, wp)
-            z_best = conv_at(patch, wr, bias, 0)
-            best = max(z_best * sc + sh, zero)
-            best_k = 0
-            for j in range(1, 4):
-                zj = conv_at(patch, wr, bias, j)
-                v = max(zj * sc + sh, zero)
-                if v > best:
-                    best = v
-                    best_k = j
-                    z_best = zj
-            at = uint64(((img0 + img) * c_out + c) * windows + ph * pw_n + pw)
-            pooled[at] = best
-            argmax[at] = best_k
-            zwin[at] = z_best
+            at0 = ((img0 + img) * c_out + c0) * windows + ph * pw_n + pw
+            for u in range(CPW):
+                if c0 + u < c_out:
+                    z_best = conv_at(patch, wr, u, bias[u], 0)
+                    best = max(z_best * sc[u] + sh[u], zero)
+                    best_k = 0
+                    for j in range(1, 4):
+                        zj = conv_at(patch, wr, u, bias[u], j)
+                        v = max(zj * sc[u] + sh[u], zero)
+                        if v > best:
+                            best = v
+                            best_k = j
+                            z_best = zj
+                    at = uint64(at0 + u * windows)
+                    pooled[at] = best
+                    argmax[at] = best_k
+                    zwin[at] = z_best
             img, ph, pw = next_window(img, ph, pw, s_img, s_ph, s_pw, ph_n, pw_n)
 
+    conv_bn_relu_maxpool.cpw = CPW
     return conv_bn_relu_maxpool
 
 
-def make_bn_backward_conv_grad_weight(CI):
-    """The kernel for Ci = CI input channels (a closure constant: the patch and
-    the sums are register arrays). Arguments: (x, w, b, dpooled, argmax, zwin,
-    mean, invstd, gamma, scale, shift, dgamma, dbeta, partials, n, c_out, ph_n,
-    pw_n, imgs), the arrays flat; grid (ceil(N / imgs), ceil(Co / WARPS))."""
+def make_bn_backward_conv_grad_weight(CI, CPW):
+    """The kernel for Ci = CI input channels and CPW channels a warp (closure
+    constants: the patch and the sums are register arrays). Arguments: (x, w, b,
+    dpooled, argmax, zwin, mean, invstd, gamma, scale, shift, dgamma, dbeta,
+    partials, n, c_out, ph_n, pw_n, imgs), the arrays flat; grid (ceil(N /
+    imgs), ceil(Co / (WARPS CPW)))."""
     stage_images, first_window, next_window, load_patch, conv_at, NP = make_window_helpers(CI)
     NW = TAPS * CI  # weights a channel
     NJ = NW + 1  # the sums: dw's columns, then db
+    NWC, NJC = NW * CPW, NJ * CPW  # the warp's channels' weights and sums
 
     @jit(launch_bounds=(THREADS, 1), cache=True)
     def bn_backward_conv_grad_weight(
@@ -331,8 +373,16 @@ def make_bn_backward_conv_grad_weight(CI):
         imgs,
     ):
         sm = cuda.shared.array(SMEM_FLOATS, float32)
-        wr = cuda.local.array(NW, float32)
-        acc = cuda.local.array(NJ, float32)
+        wr = cuda.local.array(NWC, float32)
+        acc = cuda.local.array(NJC, float32)
+        bias = cuda.local.array(CPW, float32)
+        mu = cuda.local.array(CPW, float32)
+        inv = cuda.local.array(CPW, float32)
+        sc = cuda.local.array(CPW, float32)
+        sh = cuda.local.array(CPW, float32)
+        kd = cuda.local.array(CPW, float32)
+        base = cuda.local.array(CPW, float32)
+        dg = cuda.local.array(CPW, float32)
         patch = cuda.local.array(NP, float32)
         tid = int32(cuda.threadIdx.x & 1023)
         warp = tid // 32
@@ -346,71 +396,89 @@ def make_bn_backward_conv_grad_weight(CI):
         stage_images(sm, x, img0, here, height, width, tid)
         cuda.syncthreads()
 
-        for j in range(NJ):
+        for j in range(NJC):
             acc[j] = float32(0.0)
-        c = int32(cuda.blockIdx.y) * WARPS + warp
-        if c < c_out:
-            for j in range(NW):
-                wr[j] = w[uint64(c * NW + j)]
-            bias = b[c]
-            mu = mean[c]
-            inv = invstd[c]
-            sc = scale[c]
-            sh = shift[c]
-            count = float32(n_img * height * width)
-            k = gamma[c] * inv / count
-            base = -dbeta[c]
-            dg = dgamma[c]
+        c0 = (int32(cuda.blockIdx.y) * WARPS + warp) * CPW
+        count = float32(n_img * height * width)
+        if c0 < c_out:
+            for u in range(CPW):
+                cu = min(c0 + u, c_out - 1)
+                for j in range(NW):
+                    wr[u * NW + j] = w[uint64(cu * NW + j)]
+                bias[u] = b[cu]
+                mu[u] = mean[cu]
+                inv[u] = invstd[cu]
+                sc[u] = scale[cu]
+                sh[u] = shift[cu]
+                kd[u] = gamma[cu] * invstd[cu] / count
+                base[u] = -dbeta[cu]
+                dg[u] = dgamma[cu]
             windows = ph_n * pw_n
             img, ph, pw, s_img, s_ph, s_pw = first_window(lane, ph_n, pw_n)
             while img < here:
-                at = uint64(((img0 + img) * c_out + c) * windows + ph * pw_n + pw)
-                win = int32(argmax[at])
-                g = float32(0.0)
-                if zwin[at] * sc + sh > float32(0.0):
-                    g = count * dpooled[at]
                 load_patch(patch, sm, img, ph, pw, plane, wp)
-                for j in range(4):
-                    xhat = (conv_at(patch, wr, bias, j) - mu) * inv
-                    d = k * ((g if j == win else float32(0.0)) + base - xhat * dg)
-                    dy = j // 2
-                    dx = j % 2
-                    for ci in range(CI):
-                        for kh in range(KSIZE):
-                            for kw in range(KSIZE):
-                                acc[ci * TAPS + kh * KSIZE + kw] += (
-                                    d * patch[ci * 16 + (dy + kh) * 4 + dx + kw]
-                                )
-                    acc[NW] += d
+                at0 = ((img0 + img) * c_out + c0) * windows + ph * pw_n + pw
+                for u in range(CPW):
+                    if c0 + u < c_out:
+                        at = uint64(at0 + u * windows)
+                        win = int32(argmax[at])
+                        g = float32(0.0)
+                        if zwin[at] * sc[u] + sh[u] > float32(0.0):
+                            g = count * dpooled[at]
+                        for j in range(4):
+                            xhat = (conv_at(patch, wr, u, bias[u], j) - mu[u]) * inv[u]
+                            d = kd[u] * ((g if j == win else float32(0.0)) + base[u] - xhat * dg[u])
+                            dy = j // 2
+                            dx = j % 2
+                            for ci in range(CI):
+                                for kh in range(KSIZE):
+                                    for kw in range(KSIZE):
+                                        acc[u * NJ + ci * TAPS + kh * KSIZE + kw] += (
+                                            d * patch[ci * 16 + (dy + kh) * 4 + dx + kw]
+                                        )
+                            acc[u * NJ + NW] += d
                 img, ph, pw = next_window(img, ph, pw, s_img, s_ph, s_pw, ph_n, pw_n)
 
-        # the lanes' sums, added in a fixed order (shared memory: the images are done)
-        cuda.syncthreads()
-        for j in range(NJ):
-            sm[(warp * NJ + j) * 32 + lane] = acc[j]
-        cuda.syncthreads()
-        for t in range(tid, WARPS * NJ, THREADS):
-            wq = t // NJ
-            j = t - wq * NJ
-            cq = int32(cuda.blockIdx.y) * WARPS + wq
-            if cq < c_out:
-                s = float32(0.0)
-                for el in range(32):
-                    # rotated start: the threads of a warp read 32 different banks
-                    s += sm[t * 32 + (el + t) % 32]
-                partials[uint64((int32(cuda.blockIdx.x) * c_out + cq) * NJ + j)] = s
+        # the lanes' sums, added in a fixed order through shared memory (the
+        # images are done), one channel slot at a time
+        for u in range(CPW):
+            cuda.syncthreads()
+            for j in range(NJ):
+                sm[(warp * NJ + j) * 32 + lane] = acc[u * NJ + j]
+            cuda.syncthreads()
+            for t in range(tid, WARPS * NJ, THREADS):
+                wq = t // NJ
+                j = t - wq * NJ
+                cq = (int32(cuda.blockIdx.y) * WARPS + wq) * CPW + u
+                if cq < c_out:
+                    s = float32(0.0)
+                    for el in range(32):
+                        # rotated start: the threads of a warp read 32 different banks
+                        s += sm[t * 32 + (el + t) % 32]
+                    partials[uint64((int32(cuda.blockIdx.x) * c_out + cq) * NJ + j)] = s
 
+    bn_backward_conv_grad_weight.cpw = CPW
     return bn_backward_conv_grad_weight
 
 
 _KERNELS: dict[tuple, object] = {}
 
 
-def _kernel(factory, ci: int):
-    key = (factory.__name__, ci)
+def _kernel(factory, ci: int, cpw: int):
+    key = (factory.__name__, ci, cpw)
     if key not in _KERNELS:
-        _KERNELS[key] = factory(ci)
+        _KERNELS[key] = factory(ci, cpw)
     return _KERNELS[key]
+
+
+def _pick_kernel(kernel, factory, kind, cpw, ci, image_blocks, c_out):
+    """The kernel to launch and its channels a warp."""
+    if kernel is not None:
+        return kernel, kernel.cpw
+    cpw = cpw or channels_per_warp(image_blocks, c_out, MAX_CPW[kind])
+    if cpw not in (1, 2, 4):
+        raise ValueError(f"cpw = {cpw}: a warp takes 1, 2 or 4 channels")
+    return _kernel(factory, ci, cpw), cpw
 
 
 def _check_images(x, w) -> tuple[int, int, int, int, int]:
@@ -458,7 +526,9 @@ def bn_partial_rows(n: int, c_out: int, in_channels: int, height: int, width: in
     return partials_shape(n, c_out, in_channels, height, width)[0]
 
 
-def conv_bn_sums(x, w, b, bn_partials, imgs: int | None = None, stream=0, kernel=None) -> None:
+def conv_bn_sums(
+    x, w, b, bn_partials, imgs: int | None = None, cpw: int | None = None, stream=0, kernel=None
+) -> None:
     """conv1's batchnorm partial sums, without conv1's output in memory.
 
     Args:
@@ -468,7 +538,7 @@ def conv_bn_sums(x, w, b, bn_partials, imgs: int | None = None, stream=0, kernel
             for the default imgs): row p holds the sums of z and of z^2 over the
             p-th block of images, z = conv1(x); every row is written, for
             :func:`final_project.fast_layers.bn_stats_finalize`.
-        imgs, kernel: as for :func:`bn_backward_conv_grad_weight`.
+        imgs, cpw, kernel: as for :func:`bn_backward_conv_grad_weight`.
 
     Raises:
         TypeError, ValueError: as for :func:`bn_backward_conv_grad_weight`.
@@ -480,14 +550,25 @@ def conv_bn_sums(x, w, b, bn_partials, imgs: int | None = None, stream=0, kernel
     require_device_array(bn_partials, "bn_partials", 3, np.float64)
     if bn_partials.shape != (rows, 2, c_out):
         raise ValueError(f"bn_partials has shape {bn_partials.shape}, not {(rows, 2, c_out)}")
-    kernel = kernel or _kernel(make_conv_bn_sums, ci)
-    kernel[(rows, ceil_div(c_out, WARPS)), THREADS, stream](
+    kernel, cpw = _pick_kernel(kernel, make_conv_bn_sums, "sums", cpw, ci, rows, c_out)
+    kernel[(rows, ceil_div(c_out, WARPS * cpw)), THREADS, stream](
         _flat(x), _flat(w), b, _flat(bn_partials), n, c_out, height // 2, width // 2, imgs
     )
 
 
 def conv_bn_relu_maxpool(
-    x, w, b, scale, shift, pooled, argmax, zwin, imgs: int | None = None, stream=0, kernel=None
+    x,
+    w,
+    b,
+    scale,
+    shift,
+    pooled,
+    argmax,
+    zwin,
+    imgs: int | None = None,
+    cpw: int | None = None,
+    stream=0,
+    kernel=None,
 ) -> None:
     """pooled = maxpool2x2(relu(conv1(x) * scale + shift)), conv1 computed from
     the images (not read from memory), as
@@ -501,7 +582,7 @@ def conv_bn_relu_maxpool(
         argmax: (N, Co, H/2, W/2) int8 output, the window position 0..3
             (row-major) of the first maximum of the ReLU outputs (torch's rule).
         zwin: (N, Co, H/2, W/2) float32 output, conv1's output at that position.
-        imgs, kernel: as for :func:`bn_backward_conv_grad_weight`.
+        imgs, cpw, kernel: as for :func:`bn_backward_conv_grad_weight`.
 
     Raises:
         TypeError, ValueError: as for :func:`bn_backward_conv_grad_weight`.
@@ -515,8 +596,9 @@ def conv_bn_relu_maxpool(
         zwin=(zwin, np.float32),
     )
     imgs = _images_a_block(imgs, n, c_out, ci, height, width)
-    kernel = kernel or _kernel(make_conv_bn_relu_maxpool, ci)
-    kernel[(ceil_div(n, imgs), ceil_div(c_out, WARPS)), THREADS, stream](
+    rows = ceil_div(n, imgs)
+    kernel, cpw = _pick_kernel(kernel, make_conv_bn_relu_maxpool, "pool", cpw, ci, rows, c_out)
+    kernel[(rows, ceil_div(c_out, WARPS * cpw)), THREADS, stream](
         *(_flat(a) for a in (x, w)),
         b,
         scale,
@@ -548,6 +630,7 @@ def bn_backward_conv_grad_weight(
     db,
     partials,
     imgs: int | None = None,
+    cpw: int | None = None,
     stream=0,
     kernel=None,
 ) -> None:
@@ -570,8 +653,9 @@ def bn_backward_conv_grad_weight(
         partials: float32 scratch of :func:`partials_shape` (N, Co, Ci, H, W, imgs),
             fully overwritten.
         imgs: images a block (default :func:`images_per_block`).
+        cpw: channels a warp, 1, 2 or 4 (default :func:`channels_per_warp`).
         kernel: one from the module's factory in place of the module's (tests
-            launch broken ones).
+            launch broken ones); its channels a warp are its own.
 
     Never synchronizes or allocates: a CUDA graph can capture it; nor do the
     other two launchers.
@@ -608,8 +692,10 @@ def bn_backward_conv_grad_weight(
     require_device_array(partials, "partials", 3, np.float32)
     if partials.shape != shape:
         raise ValueError(f"partials has shape {partials.shape}, not {shape}")
-    kernel = kernel or _kernel(make_bn_backward_conv_grad_weight, ci)
-    kernel[(shape[0], ceil_div(c_out, WARPS)), THREADS, stream](
+    kernel, cpw = _pick_kernel(
+        kernel, make_bn_backward_conv_grad_weight, "backward", cpw, ci, shape[0], c_out
+    )
+    kernel[(shape[0], ceil_div(c_out, WARPS * cpw)), THREADS, stream](
         *(_flat(a) for a in (x, w, b, dpooled, argmax, zwin)),
         mean,
         invstd,

@@ -68,7 +68,7 @@ def _reference(a):
     return dw, db, dw_mag, db_mag
 
 
-def check_fused_backward(rng, n, ci, h, w, c_out, imgs=None, kernel=None, edit=None):
+def check_fused_backward(rng, n, ci, h, w, c_out, imgs=None, kernel=None, edit=None, cpw=None):
     """Run the fused kernel on fresh inputs and check dw and db against float64;
     ``edit(a)`` may change the inputs the kernel gets (not the reference's)."""
     a = _inputs(rng, n, ci, h, w, c_out)
@@ -86,6 +86,7 @@ def check_fused_backward(rng, n, ci, h, w, c_out, imgs=None, kernel=None, edit=N
         db.array,
         parts.array,
         imgs=imgs,
+        cpw=cpw,
         kernel=kernel,
     )
     for g, name in ((dw, "dw"), (db, "db"), (parts, "partials")):
@@ -103,17 +104,19 @@ def _lane_windows(imgs, windows):
     return -(-imgs * windows // 32)
 
 
-@pytest.mark.parametrize(
-    "n, ci, h, w, c_out, imgs",
-    [
-        (1, 1, 2, 2, 1, None),  # one window, one channel
-        (3, 1, 6, 4, 5, 2),  # a short last block of images; a warp past Co
-        (2, 3, 4, 6, 3, 1),  # three input channels
-        (3, 1, 8, 12, 2, 3),  # more windows than lanes
-    ],
-)
-def test_fused_backward_matches_float64(rng, n, ci, h, w, c_out, imgs):
-    check_fused_backward(rng, n, ci, h, w, c_out, imgs)
+# Shapes for all three kernels: (N, Ci, H, W, Co, images a block, channels a warp)
+SHAPES = [
+    (1, 1, 2, 2, 1, None, None),  # one window, one channel
+    (3, 1, 6, 4, 5, 2, 1),  # a short last block of images; a warp past Co
+    (3, 1, 6, 4, 5, 2, 2),  # a warp's second channel past Co, a warp idle
+    (2, 3, 4, 6, 3, 1, 4),  # three input channels; slots past Co
+    (3, 1, 8, 12, 2, 3, 2),  # more windows than lanes
+]
+
+
+@pytest.mark.parametrize("n, ci, h, w, c_out, imgs, cpw", SHAPES)
+def test_fused_backward_matches_float64(rng, n, ci, h, w, c_out, imgs, cpw):
+    check_fused_backward(rng, n, ci, h, w, c_out, imgs, cpw=cpw)
 
 
 def test_default_images_per_block_fits_and_fills():
@@ -127,18 +130,22 @@ def test_default_images_per_block_fits_and_fills():
     [
         (("dx = j % 2", "dx = 0"), "pixel"),
         (
-            ("(conv_at(patch, wr, bias, j) - mu)", "(conv_at(patch, wr, bias, j) - bias - mu)"),
+            (
+                "conv_at(patch, wr, u, bias[u], j) - mu[u]",
+                "conv_at(patch, wr, u, bias[u], j) - 2 * mu[u]",
+            ),
             "bias",
         ),
         (("if j == win else", "if j != win else"), "winner"),
-        (("zwin[at] * sc + sh > float32(0.0)", "zwin[at] * sc + sh > float32(-1e30)"), "relu"),
-        (("acc[NW] += d", "acc[NW] += d * d"), "db"),
+        (("zwin[at] * sc[u] + sh[u] > float32(0.0)", "zwin[at] * sc[u] + sh[u] > -1e30"), "relu"),
+        (("acc[u * NJ + NW] += d", "acc[u * NJ + NW] += d * d"), "db"),
+        (("= acc[u * NJ + j]", "= acc[j]"), "second channel"),
         (("(el + t) % 32", "(el + t) % 31"), "lane sums"),
         (("here = min(imgs, n_img - img0)", "here = min(imgs, n_img - img0 - 1)"), "last image"),
     ],
 )
 def test_check_catches_a_broken_kernel(rng, edit, why):
-    kernel = mutant(FC1.make_bn_backward_conv_grad_weight, edit)(1)
+    kernel = mutant(FC1.make_bn_backward_conv_grad_weight, edit)(1, 2)
     with pytest.raises(CheckError):  # every lane busy: 2 images of 24 windows a block
         check_fused_backward(rng, 3, 1, 8, 12, 5, 2, kernel=kernel)
 
@@ -188,7 +195,7 @@ def test_refuses_bad_inputs(rng):
 # -- the forward: batchnorm sums, then the window kernel -----------------------
 
 
-def check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs=None, bias=None, kernel=None):
+def check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs=None, bias=None, kernel=None, cpw=None):
     """The kernel's sums of z and z^2 (its rows added in float64) against float64,
     and the variance they give. ``bias``: one bias for every channel, with
     small-integer images and weights of 1/1024 steps, so every z is exact in
@@ -208,7 +215,7 @@ def check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs=None, bias=None, kernel=Non
     imgs_ = imgs or FC1.images_per_block(n, c_out, ci, h, w)
     parts = guarded((-(-n // imgs_), 2, c_out), np.float64)
     FC1.conv_bn_sums(
-        *(cuda.to_device(a) for a in (x, wt, b)), parts.array, imgs=imgs, kernel=kernel
+        *(cuda.to_device(a) for a in (x, wt, b)), parts.array, imgs=imgs, cpw=cpw, kernel=kernel
     )
     parts.check_untouched("bn_partials")
     sums = parts.array.copy_to_host().sum(axis=0)
@@ -234,12 +241,9 @@ def check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs=None, bias=None, kernel=Non
         check(got, want, rounding_tolerance(want, mag, roundings, 1e-6), name)
 
 
-@pytest.mark.parametrize(
-    "n, ci, h, w, c_out, imgs",
-    [(1, 1, 2, 2, 1, None), (3, 1, 6, 4, 5, 2), (2, 3, 4, 6, 3, 1), (3, 1, 8, 12, 2, 3)],
-)
-def test_conv_bn_sums_match_float64(rng, n, ci, h, w, c_out, imgs):
-    check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs)
+@pytest.mark.parametrize("n, ci, h, w, c_out, imgs, cpw", SHAPES)
+def test_conv_bn_sums_match_float64(rng, n, ci, h, w, c_out, imgs, cpw):
+    check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs, cpw=cpw)
 
 
 def test_conv_bn_sums_keep_a_large_mean_apart_from_the_spread(rng):
@@ -249,14 +253,15 @@ def test_conv_bn_sums_keep_a_large_mean_apart_from_the_spread(rng):
 @pytest.mark.parametrize(
     "edit, bias",
     [
-        (("k = conv_at(patch, wr, bias, 0)", "k = float32(0.0)"), 300.0),
+        (("kk[u] = conv_at(patch, wr, u, bias[u], 0)", "kk[u] = float32(0.0)"), 300.0),
         (("here = min(imgs, n_img - img0)", "here = min(imgs, n_img - img0 - 1)"), None),
-        (("t = conv_at(patch, wr, bias, j) - k", "t = conv_at(patch, wr, bias, 0) - k"), None),
+        (("t = conv_at(patch, wr, u, bias[u], j)", "t = conv_at(patch, wr, u, bias[u], 0)"), None),
+        (("t = conv_at(patch, wr, u, bias[u], j)", "t = conv_at(patch, wr, 0, bias[u], j)"), None),
     ],
-    ids=["unshifted", "last-image", "one-pixel"],
+    ids=["unshifted", "last-image", "one-pixel", "first-channel-weights"],
 )
 def test_sums_check_catches_a_broken_kernel(rng, edit, bias):
-    kernel = mutant(FC1.make_conv_bn_sums, edit)(1)
+    kernel = mutant(FC1.make_conv_bn_sums, edit)(1, 2)
     with pytest.raises(CheckError):
         check_conv_bn_sums(rng, 3, 1, 8, 12, 5, 2, bias=bias, kernel=kernel)
 
@@ -272,7 +277,7 @@ def _judgeable(y, margin):
     return not close.any() and np.all(np.abs(y) > margin)
 
 
-def check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs=None, kernel=None):
+def check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs=None, kernel=None, cpw=None):
     """pooled, argmax and zwin against float64, on a draw with no near-ties (with
     Co > 1 one channel's ReLU closed everywhere: four tied zeros, the first must
     win)."""
@@ -302,6 +307,7 @@ def check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs=None, kernel=None):
         argmax.array,
         zwin.array,
         imgs=imgs,
+        cpw=cpw,
         kernel=kernel,
     )
     for g, name in ((pooled, "pooled"), (argmax, "argmax"), (zwin, "zwin")):
@@ -322,25 +328,23 @@ def check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs=None, kernel=None):
     check(zwin.array, want_z, rounding_tolerance(want_z, take(zabs), roundings, 1e-6), "zwin")
 
 
-@pytest.mark.parametrize(
-    "n, ci, h, w, c_out, imgs",
-    [(1, 1, 2, 2, 1, None), (3, 1, 6, 4, 5, 2), (2, 3, 4, 6, 3, 1), (3, 1, 8, 12, 2, 3)],
-)
-def test_conv_bn_relu_maxpool_matches_float64(rng, n, ci, h, w, c_out, imgs):
-    check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs)
+@pytest.mark.parametrize("n, ci, h, w, c_out, imgs, cpw", SHAPES)
+def test_conv_bn_relu_maxpool_matches_float64(rng, n, ci, h, w, c_out, imgs, cpw):
+    check_conv_bn_relu_maxpool(rng, n, ci, h, w, c_out, imgs, cpw=cpw)
 
 
 @pytest.mark.parametrize(
     "edit",
     [
         ("if v > best:", "if v >= best:"),
-        ("best = max(z_best * sc + sh, zero)", "best = z_best * sc + sh"),
-        ("z_best = zj", "z_best = zj + sh"),
+        ("best = max(z_best * sc[u] + sh[u], zero)", "best = z_best * sc[u] + sh[u]"),
+        ("z_best = zj", "z_best = zj + sh[u]"),
+        ("at = uint64(at0 + u * windows)", "at = uint64(at0 + u)"),
         ("here = min(imgs, n_img - img0)", "here = min(imgs, n_img - img0 - 1)"),
     ],
-    ids=["last-maximum", "relu", "zwin", "last-image"],
+    ids=["last-maximum", "relu", "zwin", "channel-offset", "last-image"],
 )
 def test_pool_check_catches_a_broken_kernel(rng, edit):
-    kernel = mutant(FC1.make_conv_bn_relu_maxpool, edit)(1)
+    kernel = mutant(FC1.make_conv_bn_relu_maxpool, edit)(1, 2)
     with pytest.raises(CheckError):
         check_conv_bn_relu_maxpool(rng, 3, 1, 8, 12, 5, 2, kernel=kernel)
