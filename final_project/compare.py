@@ -441,15 +441,17 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
         (c.height // 2) * (c.width // 2),
         (c.height // 4) * (c.width // 4),
     )
-    x1, z1, p1 = n * c.in_channels * hw1, n * c.c1 * hw1, n * c.c1 * hw2
+    x1, p1 = n * c.in_channels * hw1, n * c.c1 * hw2
     z2, p2 = n * c.c2 * hw2, n * c.c2 * hw4
     feat, hid, cls = c.flat_features, c.hidden, c.num_classes
     conv1 = 2 * n * hw1 * c.c1 * c.in_channels * 9
     conv2 = 2 * n * hw2 * c.c2 * c.c1 * 9
     work = {
-        Stage.CONV1_FORWARD: (conv1, 4 * (x1 + z1)),
+        # conv1 never in memory (first_conv, FastCNN's default): its forward
+        # kernels read the images and compute it, the first writes only sums
+        Stage.CONV1_FORWARD: (conv1, 4 * x1),
         Stage.BN1_STATISTICS: (0, 0),
-        Stage.BN1_RELU_POOL1: (0, 4 * z1 + 4 * p1 + p1 + 4 * p1),
+        Stage.BN1_RELU_POOL1: (conv1, 4 * x1 + 4 * p1 + p1 + 4 * p1),
         Stage.CONV2_FORWARD: (conv2, 4 * (p1 + z2)),
         Stage.BN2_STATISTICS: (0, 0),
         Stage.BN2_RELU_POOL2: (0, 4 * z2 + 4 * p2 + p2 + 4 * p2),

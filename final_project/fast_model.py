@@ -237,7 +237,7 @@ class FastCNN(CNNBase, _Layer):
             self.z1 = dev((m, c.c1, h, w), f32)
         if self.conv1_kind == "direct":
             rows1 = _max_size(lambda n: fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1), m)
-        else:
+        elif self.conv1_kind == "igemm":
             rows1 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h, w), m)
         self.bn1_partials = dev((rows1, 2, c.c1), f64)
         self.z2 = dev((m, c.c2, h2, w2), f32)
