@@ -383,6 +383,9 @@ def make_bn_backward_conv_grad_weight(CI, CPW):
         kd = cuda.local.array(CPW, float32)
         base = cuda.local.array(CPW, float32)
         dg = cuda.local.array(CPW, float32)
+        win = cuda.local.array(CPW, int32)
+        zw = cuda.local.array(CPW, float32)
+        gg = cuda.local.array(CPW, float32)
         patch = cuda.local.array(NP, float32)
         tid = int32(cuda.threadIdx.x & 1023)
         warp = tid // 32
@@ -416,18 +419,26 @@ def make_bn_backward_conv_grad_weight(CI, CPW):
             windows = ph_n * pw_n
             img, ph, pw, s_img, s_ph, s_pw = first_window(lane, ph_n, pw_n)
             while img < here:
-                load_patch(patch, sm, img, ph, pw, plane, wp)
+                # every slot's three loads first, unconditional (a slot past the
+                # last channel reads the last one's): loads behind a branch are
+                # not issued early, and each would wait its own round trip
                 at0 = ((img0 + img) * c_out + c0) * windows + ph * pw_n + pw
                 for u in range(CPW):
+                    at = uint64(at0 + (min(c0 + u, c_out - 1) - c0) * windows)
+                    win[u] = int32(argmax[at])
+                    zw[u] = zwin[at]
+                    gg[u] = dpooled[at]
+                load_patch(patch, sm, img, ph, pw, plane, wp)
+                for u in range(CPW):
                     if c0 + u < c_out:
-                        at = uint64(at0 + u * windows)
-                        win = int32(argmax[at])
                         g = float32(0.0)
-                        if zwin[at] * sc[u] + sh[u] > float32(0.0):
-                            g = count * dpooled[at]
+                        if zw[u] * sc[u] + sh[u] > float32(0.0):
+                            g = count * gg[u]
                         for j in range(4):
                             xhat = (conv_at(patch, wr, u, bias[u], j) - mu[u]) * inv[u]
-                            d = kd[u] * ((g if j == win else float32(0.0)) + base[u] - xhat * dg[u])
+                            d = kd[u] * (
+                                (g if j == win[u] else float32(0.0)) + base[u] - xhat * dg[u]
+                            )
                             dy = j // 2
                             dx = j % 2
                             for ci in range(CI):
