@@ -67,8 +67,8 @@ import numpy as np
 import torch
 from numba import cuda
 
+from final_project import conv1_gram, datasets
 from final_project import data as fdata
-from final_project import datasets
 from final_project import train as ftrain
 from final_project.fast_model import STAGES, FastCNN, Stage
 from final_project.model import NumbaCNN, init_params, param_shapes
@@ -446,10 +446,14 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
     feat, hid, cls = c.flat_features, c.hidden, c.num_classes
     conv1 = 2 * n * hw1 * c.c1 * c.in_channels * 9
     conv2 = 2 * n * hw2 * c.c2 * c.c1 * 9
+    # conv1 never in memory (FastCNN's default): one input channel takes the
+    # patch Gram path (conv1_gram: the forward's sums and the weight gradient
+    # from G, the backward reduce over the winners with the images), 2 or 3
+    # compute conv1 again in the sums and backward kernels (first_conv)
+    gram = conv1_gram.supported(c.in_channels, c.height, c.width) is None
+    gram_flops = 2 * n * hw1 * conv1_gram.ENTRIES
     work = {
-        # conv1 never in memory (first_conv, FastCNN's default): its forward
-        # kernels read the images and compute it, the first writes only sums
-        Stage.CONV1_FORWARD: (conv1, 4 * x1),
+        Stage.CONV1_FORWARD: (gram_flops if gram else conv1, 4 * x1),
         Stage.BN1_STATISTICS: (0, 0),
         Stage.BN1_RELU_POOL1: (conv1, 4 * x1 + 4 * p1 + p1 + 4 * p1),
         Stage.CONV2_FORWARD: (conv2, 4 * (p1 + z2)),
@@ -465,10 +469,10 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
         Stage.BN2_BACKWARD_DX: (0, 4 * z2 + 4 * p2 + p2 + 4 * z2),
         Stage.CONV2_GRAD_WEIGHT: (conv2, 4 * (z2 + p1)),
         Stage.CONV2_GRAD_INPUT: (conv2, 4 * (z2 + p1)),
-        Stage.BN1_BACKWARD_REDUCE: (0, 4 * p1 + 4 * p1),
-        # conv1 computed again and its weight gradient, from the images and
-        # three pool-sized arrays (first_conv)
-        Stage.CONV1_GRAD_WEIGHT: (2 * conv1, 4 * x1 + 4 * p1 + p1 + 4 * p1),
+        Stage.BN1_BACKWARD_REDUCE: (0, 4 * x1 + 4 * p1 + p1 + 4 * p1)
+        if gram
+        else (0, 4 * p1 + 4 * p1),
+        Stage.CONV1_GRAD_WEIGHT: (0, 0) if gram else (2 * conv1, 4 * x1 + 4 * p1 + p1 + 4 * p1),
         Stage.SGD_UPDATE: (0, 12 * sum(int(np.prod(s)) for s in param_shapes(c).values())),
     }
     if set(work) != set(STAGES):

@@ -4,9 +4,9 @@ Same network, parameters, state dicts and checks as :class:`final_project.model.
 (both derive from :class:`~final_project.model.CNNBase`); what changes is how a
 step runs:
 
-    forward   conv1's BN partial sums (conv1 computed, not stored) -> BN1
-              statistics -> conv1 again + BN1 apply + ReLU + max-pool (one
-              kernel; the window winners' conv outputs kept for the backward)
+    forward   conv1's BN sums from the images' patch Gram matrix (conv1 not
+              computed) -> BN1 statistics -> conv1 + BN1 apply + ReLU + max-pool
+              (one kernel; the window winners' conv outputs kept for the backward)
               -> conv2 (implicit GEMM, BN
               partials in the epilogue) -> BN2 statistics -> BN2 + ReLU + pool
               -> fc1 (split-K GEMM, bias + ReLU when reducing) -> fc2 + log-softmax
@@ -14,10 +14,12 @@ step runs:
     backward  fc2 and fc1 weight gradients (split-K GEMMs, bias as a column of ones)
               -> fc1 input gradient -> pool2/ReLU2/BN2 backward (partials, then dz2)
               -> conv2 weight gradient (split-K) and input gradient (implicit GEMM)
-              -> pool1/ReLU1/BN1 backward reduce -> conv1 again, BN1's dz and
-              conv1's weight gradient in one kernel
-    conv1's three kernels compute its output from the images each time
-    (final_project.first_conv): neither it nor its gradient is ever in memory.
+              -> pool1/ReLU1/BN1 backward reduce over the window winners, with
+              the winners' sums S -> conv1's weight gradient from G and S
+    conv1's output and its gradient are never in memory: with one input channel
+    the patch Gram matrix G gives its statistics and weight gradient
+    (final_project.conv1_gram); with 2 or 3 the sums and the backward kernels
+    compute conv1 again from the images (final_project.first_conv).
     With conv1="direct" or "igemm" (and for inputs first_conv does not take)
     conv1 writes its output and the BN1 kernels read it, as chapter 9 profiled.
     update    one SGD launch over the flat parameter buffer
@@ -29,7 +31,7 @@ conv2 forward stage also converts the conv2 weights and pool1's output, the grad
 input stage dz2, and the weight gradient adds its split-K partials in a second
 launch (4 launches more).
 
-That is 26 launches (FP32), every one on the model's own stream, with every buffer
+That is 28 launches (FP32; 26 for 2 or 3 input channels), every one on the model's own stream, with every buffer
 allocated once for ``max_batch``. On a GPU the first step at a new batch size
 (or learning rate) runs eagerly, which compiles and warms every kernel, and is
 then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
@@ -60,9 +62,9 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from final_project import conv1_gram, first_conv, tf32_conv
 from final_project import fast_conv as fconv
 from final_project import fast_layers as fl
-from final_project import first_conv, tf32_conv
 from final_project import kernels as naive
 from final_project.graph import CudaGraphBackend, default_graph_backend
 from final_project.model import CNNBase, NetConfig, _Layer
@@ -91,8 +93,7 @@ class Stage:
     CONV2_GRAD_WEIGHT = "conv2 grad weight"
     CONV2_GRAD_INPUT = "conv2 grad input"
     BN1_BACKWARD_REDUCE = "bn1 backward reduce"
-    # bn1's dz and conv1's weight gradient in one kernel (final_project.first_conv)
-    CONV1_GRAD_WEIGHT = "bn1 backward dz + conv1 grad weight"
+    CONV1_GRAD_WEIGHT = "conv1 grad weight"
     SGD_UPDATE = "sgd update"
 
 
@@ -208,6 +209,12 @@ class FastCNN(CNNBase, _Layer):
                 "the simulator has no CUDA graphs: use graph=False (or leave it to the default)"
             )
         self.conv1_kind = conv1
+        # one input channel: conv1's statistics and weight gradient from the
+        # images' patch Gram matrix (final_project.conv1_gram)
+        self.conv1_gram = (
+            conv1 == "fused"
+            and conv1_gram.supported(config.in_channels, config.height, config.width) is None
+        )
         self.graph_backend = graph_backend or (
             default_graph_backend() if graph is not False else None
         )
@@ -231,11 +238,13 @@ class FastCNN(CNNBase, _Layer):
         # forward
         # Partial-sum row counts depend on the tiles, which depend on N (small
         # grids get smaller tiles): size each buffer for the worst N.
-        if self.conv1_kind == "fused":
-            rows1 = _max_size(lambda n: first_conv.bn_partial_rows(n, c.c1, c.in_channels, h, w), m)
-        else:
+        if self.conv1_kind != "fused":
             self.z1 = dev((m, c.c1, h, w), f32)
-        if self.conv1_kind == "direct":
+        if self.conv1_gram:
+            rows1 = 1  # the sums come from the patch Gram matrix
+        elif self.conv1_kind == "fused":
+            rows1 = _max_size(lambda n: first_conv.bn_partial_rows(n, c.c1, c.in_channels, h, w), m)
+        elif self.conv1_kind == "direct":
             rows1 = _max_size(lambda n: fconv.conv2d_forward_direct_partial_rows(n, h, w, c.c1), m)
         elif self.conv1_kind == "igemm":
             rows1 = _max_size(lambda n: fconv.conv2d_forward_igemm_partial_rows(n, h, w), m)
@@ -297,10 +306,17 @@ class FastCNN(CNNBase, _Layer):
             )
         self.conv2_grad_partials = dev(_max_size(grad2_size, m), f32)
         self.d_pooled1 = dev((m, c.c1, h2, w2), f32)
-        self.bn1_back_partials = dev(
-            (_max_size(lambda n: fl.bn_backward_partial_rows(n, h2, w2), m), 2, c.c1), f64
-        )
-        if self.conv1_kind == "fused":
+        back_rows1 = lambda n: fl.bn_backward_partial_rows(n, h2, w2)  # noqa: E731
+        if self.conv1_gram:
+            back_rows1 = lambda n: conv1_gram.winners_partials_shape(n, c.c1, h, w)[0][0]  # noqa: E731
+        self.bn1_back_partials = dev((_max_size(back_rows1, m), 2, c.c1), f64)
+        if self.conv1_gram:
+            self.gram_partials = dev(conv1_gram.gram_partials_shape(m), f64)
+            self.gram = dev(conv1_gram.ENTRIES, f64)
+            self.gram_s_sum = dev((c.c1, conv1_gram.V - 1), f32)
+            self.gram_s_bias = dev(c.c1, f32)
+            grad1_shape = lambda n: conv1_gram.winners_partials_shape(n, c.c1, h, w)[1]  # noqa: E731
+        elif self.conv1_kind == "fused":
             grad1_shape = lambda n: first_conv.partials_shape(n, c.c1, c.in_channels, h, w)  # noqa: E731
         else:
             self.dz1 = dev((m, c.c1, h, w), f32)
@@ -338,7 +354,14 @@ class FastCNN(CNNBase, _Layer):
         x = self._rows("x_static", n)
         z2 = self._rows("z2", n)
         h, w = c.height, c.width
-        if self.conv1_kind == "fused":
+        if self.conv1_gram:
+            rows1 = 1
+            if training:  # the evaluation forward uses the running statistics
+                conv1_gram.patch_gram(x, self._rows("gram_partials", n), self.gram, stream=s)
+                conv1_gram.gram_bn_sums(
+                    self.gram, p["conv1.weight"], p["conv1.bias"], self.bn1_partials[:1], stream=s
+                )
+        elif self.conv1_kind == "fused":
             rows1 = first_conv.bn_partial_rows(n, c.c1, c.in_channels, h, w)
             if training:  # the evaluation forward uses the running statistics
                 first_conv.conv_bn_sums(
@@ -527,12 +550,28 @@ class FastCNN(CNNBase, _Layer):
         else:
             fconv.conv2d_grad_input_igemm(dz2, p["conv2.weight"], 1, d_pooled1, stream=s)
         mark(Stage.CONV2_GRAD_INPUT)
-        self._bn_backward_reduce("bn1", n, d_pooled1, self.bn1_back_partials)
-        mark(Stage.BN1_BACKWARD_REDUCE)
         x = self._rows("x_static", n)
         stats = [getattr(self, f"bn1_{k}") for k in ("mean", "invstd")]
         affine = [getattr(self, f"bn1_{k}") for k in ("scale", "shift")]
-        if self.conv1_kind == "fused":
+        if self.conv1_gram:
+            bn_shape, s_shape = conv1_gram.winners_partials_shape(n, c.c1, c.height, c.width)
+            bn_parts = self.bn1_back_partials[: bn_shape[0]]
+            s_parts = self._scratch("conv1_grad_partials", n, lambda k: s_shape)
+            conv1_gram.winners_reduce(
+                x, d_pooled1, self._rows("argmax1", n), self._rows("zwin1", n), *stats, *affine,
+                bn_parts, s_parts, stream=s,
+            )  # fmt: skip
+            fl.bn_backward_finalize(bn_parts, g["bn1.weight"], g["bn1.bias"], s)
+        else:
+            self._bn_backward_reduce("bn1", n, d_pooled1, self.bn1_back_partials)
+        mark(Stage.BN1_BACKWARD_REDUCE)
+        if self.conv1_gram:
+            conv1_gram.gram_grad_weight(
+                self.gram, s_parts, self.gram_s_sum, self.gram_s_bias, p["conv1.weight"],
+                p["conv1.bias"], stats[1], p["bn1.weight"], g["bn1.weight"], g["bn1.bias"],
+                g["conv1.weight"], g["conv1.bias"], stream=s,
+            )  # fmt: skip
+        elif self.conv1_kind == "fused":
             part1 = self._scratch(
                 "conv1_grad_partials",
                 n,

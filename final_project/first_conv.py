@@ -60,6 +60,7 @@ TAPS = KSIZE * KSIZE
 WARPS = pick(gpu=8, simulator=2)  # channels a block: one warp each
 THREADS = 32 * WARPS
 SUMS = 2 * THREADS  # a lane's two batchnorm sums
+STAGE_ROWS = 4  # image rows a warp loads at once when staging
 # Shared memory: the block's padded images, then (reused) the lanes' sums.
 SMEM_FLOATS = pick(gpu=8192, simulator=2048)
 MAX_IN_CHANNELS = 3  # (9 Ci + 1) sums a lane, WARPS * 32 lanes: must fit SMEM_FLOATS
@@ -121,18 +122,31 @@ def make_window_helpers(CI):
 
     @jit(device=True, inline=True)
     def stage_images(sm, x, img0, here, height, width, tid):
-        # a warp a padded row, its lanes along the row: one division a row
+        # a warp a padded row, its lanes along the row (one division a row);
+        # STAGE_ROWS rows' loads issued before their stores, so a lane waits
+        # one round trip for them, not one each
         hp = height + 2
         wp = width + 2
         warp = tid // 32
-        for row in range(warp, here * CI * hp, WARPS):
-            q = row // hp
-            yy = row - q * hp
-            for xx in range(tid - warp * 32, wp, 32):
-                v = float32(0.0)
-                if yy >= 1 and yy <= height and xx >= 1 and xx <= width:
-                    v = x[uint64(((img0 * CI + q) * height + yy - 1) * width + xx - 1)]
-                sm[row * wp + xx] = v
+        rows = here * CI * hp
+        vals = cuda.local.array(STAGE_ROWS, float32)
+        for xx in range(tid - warp * 32, wp, 32):
+            inside_x = xx >= 1 and xx <= width
+            row0 = warp
+            while row0 < rows:
+                for k in range(STAGE_ROWS):
+                    row = row0 + k * WARPS
+                    q = row // hp
+                    yy = row - q * hp
+                    v = float32(0.0)
+                    if row < rows and inside_x and yy >= 1 and yy <= height:
+                        v = x[uint64(((img0 * CI + q) * height + yy - 1) * width + xx - 1)]
+                    vals[k] = v
+                for k in range(STAGE_ROWS):
+                    row = row0 + k * WARPS
+                    if row < rows:
+                        sm[row * wp + xx] = vals[k]
+                row0 += STAGE_ROWS * WARPS
 
     @jit(device=True, inline=True)
     def first_window(lane, ph_n, pw_n):

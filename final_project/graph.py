@@ -1,7 +1,7 @@
 """Capture a stream's kernel launches into a CUDA graph and replay it.
 
 A Numba launch costs more Python on the host than a small kernel takes on the
-GPU; a training step of the fast model is 26 launches, so at small batches the
+GPU; a training step of the fast model is 28 launches, so at small batches the
 GPU would mostly wait for Python. A CUDA graph records the launches once and
 replays them with one call (CUDA C++ Programming Guide, "CUDA Graphs", stream
 capture). The capstone README's "How we beat PyTorch" measures both.

@@ -214,7 +214,7 @@ def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
     """on_stage(name) once per stage of STAGES, in that order, right after that
     stage's launches, which run from the host: with a graph backend, neither
     before nor after the step's graph exists is anything captured or replayed
-    for it. The stages' kernels are the step's 26 launches, each in its stage."""
+    for it. The stages' kernels are the step's 28 launches, each in its stage."""
     state = init_params(TINY, 4)
     backend = CountingBackend()
     graphed = FastCNN(TINY, max_batch=2, params=state, graph_backend=backend)
@@ -232,7 +232,7 @@ def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
         assert [name for name, _ in stages] == list(STAGES)
         kernels = dict(stages)
         assert all(kernels.values()), f"stages with no launch: {kernels}"
-        assert sum(map(len, kernels.values())) == 26
+        assert sum(map(len, kernels.values())) == 28
         assert kernels[Stage.SGD_UPDATE] == ["sgd_update_naive"]
         # the linear layers and the convolutions share one split-K reduction
         assert kernels[Stage.FC1_GRAD_WEIGHT] == ["gemm_splitk", "splitk_reduce_weight_bias"]
@@ -240,13 +240,18 @@ def test_on_stage_comes_after_each_stages_launches_in_stages_order(rng):
             "conv2d_grad_weight_igemm",
             "splitk_reduce_weight_bias",
         ]
-        # conv1's output and its gradient never in memory: each conv1 kernel
-        # computes conv1 from the images (first_conv)
-        assert kernels[Stage.CONV1_FORWARD] == ["conv_bn_sums"]
+        # conv1 (one input channel) computed once, in the max-pool kernel; its
+        # statistics and weight gradient from the images' patch Gram matrix
+        assert kernels[Stage.CONV1_FORWARD] == [
+            "patch_gram_kernel",
+            "gram_finalize_kernel",
+            "gram_bn_sums_kernel",
+        ]
         assert kernels[Stage.BN1_RELU_POOL1] == ["conv_bn_relu_maxpool"]
+        assert kernels[Stage.BN1_BACKWARD_REDUCE] == ["winners_reduce", "bn_backward_finalize"]
         assert kernels[Stage.CONV1_GRAD_WEIGHT] == [
-            "bn_backward_conv_grad_weight",
             "splitk_reduce_weight_bias",
+            "gram_grad_weight_kernel",
         ]
     a, b = graphed.state_dict(), eager.state_dict()
     for name in a:

@@ -1,7 +1,7 @@
 """Where the time of a training step goes, system level: torch.profiler on the capstone.
 
 config naive  NumbaCNN: the naive kernels, launched layer by layer from Python
-config fast   FastCNN, eager: the fast kernels (26 launches) launched from Python
+config fast   FastCNN, eager: the fast kernels (28 launches) launched from Python
 config graph  FastCNN, graph=True: the same launches captured once, replayed as one
               CUDA graph a step (GPU only: the simulator has no graphs)
 
