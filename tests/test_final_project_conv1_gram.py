@@ -14,6 +14,7 @@ from common.checking import CheckError, check, guarded, random_array, rounding_t
 
 import numpy as np
 import pytest
+from conv1_inputs import bn_backward_inputs
 from mutants import mutant
 from numba import cuda
 
@@ -66,26 +67,7 @@ def test_gram_bn_sums_match_float64(rng):
 
 
 def _inputs(rng, n, h, w, c_out):
-    """Fresh random inputs; each channel's first window has its ReLU open (so
-    dbeta is never a sum of nothing)."""
-    ph, pw = h // 2, w // 2
-    a = {
-        "x": random_array((n, 1, h, w), np.float32, rng),
-        "w": random_array((c_out, 1, 3, 3), np.float32, rng),
-        "b": random_array(c_out, np.float32, rng),
-        "dpooled": random_array((n, c_out, ph, pw), np.float32, rng),
-        "argmax": rng.integers(0, 4, (n, c_out, ph, pw)).astype(np.int8),
-        "zwin": random_array((n, c_out, ph, pw), np.float32, rng),
-        "mean": random_array(c_out, np.float32, rng),
-        "invstd": random_array(c_out, np.float32, rng, 0.5, 2.0),
-        "gamma": random_array(c_out, np.float32, rng),
-        "scale": random_array(c_out, np.float32, rng),
-        "shift": random_array(c_out, np.float32, rng),
-        "dgamma": random_array(c_out, np.float32, rng),
-        "dbeta": random_array(c_out, np.float32, rng),
-    }
-    a["zwin"][0, :, 0, 0] = (1 - a["shift"]) / a["scale"]
-    return a
+    return bn_backward_inputs(rng, n, 1, h, w, c_out, first_window_open=True)
 
 
 def check_grad_weight(rng, n, h, w, c_out, kernel=None):
