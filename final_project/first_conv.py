@@ -1,13 +1,22 @@
-"""conv1's weight gradient without conv1's output or its gradient in memory.
+"""conv1 without its output or its output's gradient in memory.
 
 conv1 reads 1 input channel (3 for colour images) and writes 32: at batch 1024
 its output z1 and the output's gradient dz1 are 103 MB each, 32 times the
-images. The unfused backward writes dz1 (the batchnorm-ReLU-pool backward, a
-window kernel that reads z1) and reads it back (the weight gradient, a split-K
-implicit GEMM): three passes over 103 MB. But an element of z1 costs only
-9 * Ci multiply-adds to compute again from the images, so this kernel does the
-whole thing from the images, the pooled gradient and the forward's per-window
-records:
+images. The unfused step writes z1 (the convolution with its batchnorm sums),
+reads it (BN + ReLU + max-pool, the backward's dz1) and writes and reads dz1
+(the weight gradient, a split-K implicit GEMM). But an element of z1 costs
+only 9 * Ci multiply-adds to compute again from the images, so the three
+kernels here each compute it where they need it:
+
+    conv_bn_sums                  conv1's batchnorm sums (sum z, sum z^2 a channel)
+    conv_bn_relu_maxpool          maxpool(relu(z scale + shift)): pooled1, argmax, zwin
+    bn_backward_conv_grad_weight  the batchnorm backward and conv1's weight gradient
+
+FastCNN uses all three for 2 or 3 input channels; for one input channel it
+takes the statistics and the weight gradient from the images' patch Gram matrix
+instead (:mod:`final_project.conv1_gram`) and only the max-pool kernel from here.
+The backward kernel works from the images, the pooled gradient and the
+forward's per-window records:
 
     z      = b[c] + sum over (ci, kh, kw) of w[c, ci, kh, kw] x[n, ci, h + kh - 1, w + kw - 1]
     xhat   = (z - mean[c]) * invstd[c]
