@@ -16,13 +16,14 @@ step runs:
               -> conv2 weight gradient (split-K) and input gradient (implicit GEMM)
               -> pool1/ReLU1/BN1 backward reduce over the window winners, with
               the winners' sums S -> conv1's weight gradient from G and S
-    conv1's output and its gradient are never in memory: with one input channel
-    the patch Gram matrix G gives its statistics and weight gradient
-    (final_project.conv1_gram); with 2 or 3 the sums and the backward kernels
-    compute conv1 again from the images (final_project.first_conv).
-    With conv1="direct" or "igemm" (and for inputs first_conv does not take)
-    conv1 writes its output and the BN1 kernels read it, as chapter 9 profiled.
     update    one SGD launch over the flat parameter buffer
+
+conv1's output and its gradient are never in memory: with one input channel the
+images' patch Gram matrix G gives conv1's statistics and weight gradient
+(:mod:`final_project.conv1_gram`); with 2 or 3 the sums and the backward kernels
+compute conv1 again from the images (:mod:`final_project.first_conv`). With
+conv1="direct" or "igemm" (and for inputs first_conv does not take) conv1
+writes its output and the BN1 kernels read it, as chapter 9 profiled.
 
 With ``precision="tf32"`` conv2's three GEMMs (forward, weight gradient, input
 gradient) run on the tensor cores instead (:mod:`final_project.tf32_conv`); the
@@ -31,10 +32,10 @@ conv2 forward stage also converts the conv2 weights and pool1's output, the grad
 input stage dz2, and the weight gradient adds its split-K partials in a second
 launch (4 launches more).
 
-That is 28 launches (FP32; 26 for 2 or 3 input channels), every one on the model's own stream, with every buffer
-allocated once for ``max_batch``. On a GPU the first step at a new batch size
-(or learning rate) runs eagerly, which compiles and warms every kernel, and is
-then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
+That is 28 launches (FP32; 26 for 2 or 3 input channels), every one on the
+model's own stream, with every buffer allocated once for ``max_batch``. On a
+GPU the first step at a new batch size (or learning rate) runs eagerly, which
+compiles and warms every kernel, and is then captured once into a CUDA graph (``cuStreamBeginCapture`` on that stream,
 CUDA C++ Programming Guide, "CUDA Graphs: stream capture"); every later step
 copies the batch into the static input buffers and replays the graph, so the
 step costs no Python per launch (the README's "How we beat PyTorch" measures
@@ -156,9 +157,11 @@ class FastCNN(CNNBase, _Layer):
         graph: capture each step into a CUDA graph (default: on a GPU; the
             simulator has none). ``False`` launches every kernel from Python.
         conv1: "fused" (the default where :func:`final_project.first_conv.supported`
-            allows: conv1 computed from the images in each kernel that needs its
-            output, which is never in memory), else "direct" (default otherwise: a
-            kernel for tiny input channel counts writes conv1's output) or "igemm".
+            allows: conv1's output never in memory, computed from the images where
+            it is needed; with one input channel its statistics and weight
+            gradient from the patch Gram matrix), else "direct" (default
+            otherwise: a kernel for tiny input channel counts writes conv1's
+            output) or "igemm".
         graph_backend: what captures and replays a step (tests pass a fake one).
         precision: "fp32" (every kernel on the CUDA cores) or "tf32": conv2's
             forward, weight gradient and input gradient on the tensor cores in TF32
