@@ -72,8 +72,9 @@ def supported(in_channels: int, height: int, width: int) -> str | None:
     """Why the Gram path cannot take these sizes (a sentence), or None."""
     if in_channels != 1:
         return f"it takes 1 input channel, not {in_channels}"
-    if fc1.supported(in_channels, height, width):
-        return fc1.supported(in_channels, height, width)
+    reason = fc1.supported(in_channels, height, width)
+    if reason:
+        return reason
     if (height + 2) * (width + 2) > GRAM_IMAGE:
         return f"a padded {height} x {width} image is over {GRAM_IMAGE} floats"
     return None
@@ -394,13 +395,41 @@ def patch_gram(x, partials, gram, stream=0) -> None:
     gram_finalize_kernel[ENTRIES, FINAL_THREADS, stream](flat, n, gram)
 
 
+def _check_gram(gram) -> None:
+    require_device_array(gram, "gram", 1, np.float64)
+    if gram.shape != (ENTRIES,):
+        raise ValueError(f"gram has shape {gram.shape}, not ({ENTRIES},): patch_gram's output")
+
+
+def _check_weights(w, b) -> int:
+    """Co of conv1's weight (Co, 1, 3, 3) and bias (Co,), float32, refused otherwise."""
+    require_device_array(w, "w", 4, np.float32)
+    c_out = w.shape[0]
+    if w.shape != (c_out, 1, 3, 3):
+        raise ValueError(f"w has shape {w.shape}, not (Co, 1, 3, 3)")
+    fc1._check_vectors(c_out, b=b)
+    return c_out
+
+
+def _check_shape(a, name: str, shape: tuple, dtype) -> None:
+    require_device_array(a, name, len(shape), dtype)
+    if a.shape != shape:
+        raise ValueError(f"{name} has shape {a.shape}, not {shape}")
+
+
 def gram_bn_sums(gram, w, b, bn_partials, stream=0) -> None:
     """bn_partials (1, 2, Co) float64 = (sum of z, sum of z^2) a channel, z =
     conv1(x) with weight w (Co, 1, 3, 3) and bias b (Co,) float32, from
-    :func:`patch_gram`'s gram, for ``fast_layers.bn_stats_finalize``."""
-    c_out = w.shape[0]
-    if w.shape != (c_out, 1, 3, 3) or b.shape != (c_out,) or bn_partials.shape != (1, 2, c_out):
-        raise ValueError(f"w {w.shape}, b {b.shape}, bn_partials {bn_partials.shape} do not match")
+    :func:`patch_gram`'s gram (ENTRIES,) float64, for
+    ``fast_layers.bn_stats_finalize``.
+
+    Raises:
+        TypeError, ValueError: an array that is not a device array of that
+            dtype and shape.
+    """
+    _check_gram(gram)
+    c_out = _check_weights(w, b)
+    _check_shape(bn_partials, "bn_partials", (1, 2, c_out), np.float64)
     gram_bn_sums_kernel[ceil_div(c_out, 32), 32, stream](
         gram, w.reshape(w.size), b, bn_partials, c_out
     )
@@ -408,7 +437,7 @@ def gram_bn_sums(gram, w, b, bn_partials, stream=0) -> None:
 
 def winners_partials_shape(n: int, c_out: int, height: int, width: int) -> tuple:
     """((P, 2, Co), (P, Co, V)): the shapes of :func:`winners_reduce`'s partials."""
-    p = ceil_div(n, fc1.images_per_block(n, c_out, 1, height, width))
+    p = ceil_div(n, fc1.images_per_block(n, 1, height, width))
     return (p, 2, c_out), (p, c_out, V)
 
 
@@ -418,18 +447,34 @@ def winners_reduce(
 ) -> None:  # fmt: skip
     """One pass over the pooled arrays: bn_partials (P, 2, Co) float64 (dgamma's
     and dbeta's partial sums, for ``fast_layers.bn_backward_finalize``) and
-    s_partials (P, Co, V) float32 (S[t], for :func:`gram_grad_weight`); the
-    arrays as for ``first_conv.bn_backward_conv_grad_weight``."""
+    s_partials (P, Co, V) float32 (S[t], for :func:`gram_grad_weight`), P and
+    the shapes from :func:`winners_partials_shape`. x (N, 1, H, W) float32;
+    dpooled, argmax (int8) and zwin (N, Co, H/2, W/2); mean, invstd, scale,
+    shift (Co,) float32: as for ``first_conv.bn_backward_conv_grad_weight``.
+    ``kernel``: one from :func:`make_winners_reduce` (tests launch broken ones).
+
+    Raises:
+        TypeError, ValueError: an array that is not a device array of the
+            dtype and shape above, or sizes :func:`supported` refuses.
+    """
     require_device_array(x, "x", 4, np.float32)
     n, ci, height, width = x.shape
+    reason = supported(ci, height, width)
+    if reason:
+        raise ValueError(f"winners_reduce: {reason}")
+    require_device_array(dpooled, "dpooled", 4, np.float32)
     c_out = dpooled.shape[1]
+    fc1._check_pooled(
+        (n, c_out, height // 2, width // 2),
+        dpooled=(dpooled, np.float32),
+        argmax=(argmax, np.int8),
+        zwin=(zwin, np.float32),
+    )
+    fc1._check_vectors(c_out, mean=mean, invstd=invstd, scale=scale, shift=shift)
     shapes = winners_partials_shape(n, c_out, height, width)
-    if bn_partials.shape != shapes[0] or s_partials.shape != shapes[1]:
-        raise ValueError(
-            f"bn_partials {bn_partials.shape} and s_partials {s_partials.shape} "
-            f"must be {shapes[0]} and {shapes[1]}"
-        )
-    imgs = fc1.images_per_block(n, c_out, 1, height, width)
+    _check_shape(bn_partials, "bn_partials", shapes[0], np.float64)
+    _check_shape(s_partials, "s_partials", shapes[1], np.float32)
+    imgs = fc1.images_per_block(n, 1, height, width)
     rows = shapes[0][0]
     if kernel is None:
         cpw = cpw or fc1.channels_per_warp(rows, c_out, WINNERS_CPW)
@@ -457,8 +502,23 @@ def gram_grad_weight(
     """dw (Co, 1, 3, 3) and db (Co,) float32 from G (:func:`patch_gram`) and the
     winners' sums S (:func:`winners_reduce`'s s_partials, added here in float64
     in a fixed order into the float32 scratch s_sum (Co, 9) and s_bias (Co,))
-    and batchnorm's invstd, gamma, dgamma and dbeta (module docstring)."""
-    c_out = w.shape[0]
+    and batchnorm's invstd, gamma, dgamma and dbeta (module docstring). gram
+    (ENTRIES,) float64; s_partials (P, Co, V) float32; w (Co, 1, 3, 3), the
+    vectors (Co,), dw and db like w and b, all float32.
+
+    Raises:
+        TypeError, ValueError: an array that is not a device array of that
+            dtype and shape.
+    """
+    _check_gram(gram)
+    c_out = _check_weights(w, b)
+    fc1._check_vectors(c_out, invstd=invstd, gamma=gamma, dgamma=dgamma, dbeta=dbeta)
+    require_device_array(s_partials, "s_partials", 3, np.float32)
+    _check_shape(s_partials, "s_partials", (s_partials.shape[0], c_out, V), np.float32)
+    _check_shape(s_sum, "s_sum", (c_out, V - 1), np.float32)
+    _check_shape(s_bias, "s_bias", (c_out,), np.float32)
+    _check_shape(dw, "dw", (c_out, 1, 3, 3), np.float32)
+    _check_shape(db, "db", (c_out,), np.float32)
     fast_layers.splitk_reduce_weight_bias(s_partials, s_partials.shape[0], s_sum, s_bias, stream)
     gram_grad_weight_kernel[ceil_div(c_out * V, 64), 64, stream](
         gram,

@@ -94,7 +94,7 @@ def supported(in_channels: int, height: int, width: int) -> str | None:
     return None
 
 
-def images_per_block(n: int, c_out: int, in_channels: int, height: int, width: int) -> int:
+def images_per_block(n: int, in_channels: int, height: int, width: int) -> int:
     """Images a block takes: as many as shared memory holds, but few enough for
     about IMAGE_BLOCKS_PER_SM blocks of images an SM (small batches: one)."""
     fit = SMEM_FLOATS // (in_channels * (height + 2) * (width + 2))
@@ -116,7 +116,7 @@ def partials_shape(
     n: int, c_out: int, in_channels: int, height: int, width: int, imgs: int | None = None
 ) -> tuple[int, int, int]:
     """(S, Co, 9 Ci + 1): the float32 partials of :func:`bn_backward_conv_grad_weight`."""
-    imgs = imgs or images_per_block(n, c_out, in_channels, height, width)
+    imgs = imgs or images_per_block(n, in_channels, height, width)
     return ceil_div(n, imgs), c_out, TAPS * in_channels + 1
 
 
@@ -545,7 +545,7 @@ def _check_pooled(shape, **arrays) -> None:
 
 def _images_a_block(imgs, n, c_out, ci, height, width) -> int:
     fit = SMEM_FLOATS // (ci * (height + 2) * (width + 2))
-    imgs = imgs or images_per_block(n, c_out, ci, height, width)
+    imgs = imgs or images_per_block(n, ci, height, width)
     if not 1 <= imgs <= fit:
         raise ValueError(f"imgs = {imgs}: a block's shared memory holds 1 to {fit} of these images")
     return imgs

@@ -77,7 +77,7 @@ def check_fused_backward(rng, n, ci, h, w, c_out, imgs=None, kernel=None, edit=N
         g.check_untouched(name)
     # z: 9 Ci + 1 roundings, xhat and dz about 6 more; a lane adds its pixels in
     # order, then the 32 lane sums are added in order
-    per_lane = 4 * _lane_windows(imgs or FC1.images_per_block(n, c_out, ci, h, w), h * w // 4)
+    per_lane = 4 * _lane_windows(imgs or FC1.images_per_block(n, ci, h, w), h * w // 4)
     roundings = 9 * ci + 8 + per_lane + 32
     check(dw.array, want_dw, rounding_tolerance(want_dw, dw_mag, roundings, 1e-5), "dw")
     check(db.array, want_db, rounding_tolerance(want_db, db_mag, roundings, 1e-5), "db")
@@ -105,7 +105,7 @@ def test_fused_backward_matches_float64(rng, n, ci, h, w, c_out, imgs, cpw):
 
 def test_default_images_per_block_fits_and_fills():
     for n in (1, 7, 64, 1024):
-        imgs = FC1.images_per_block(n, 32, 1, 28, 28)
+        imgs = FC1.images_per_block(n, 1, 28, 28)
         assert 1 <= imgs <= min(n, FC1.SMEM_FLOATS // 900)
 
 
@@ -196,7 +196,7 @@ def check_conv_bn_sums(rng, n, ci, h, w, c_out, imgs=None, bias=None, kernel=Non
     f = [a.astype(np.float64) for a in (x, wt, b)]
     z, _ = ref.conv2d_forward(*f, 1)
     zabs, _ = ref.conv2d_forward(*(np.abs(a) for a in f), 1)
-    imgs_ = imgs or FC1.images_per_block(n, c_out, ci, h, w)
+    imgs_ = imgs or FC1.images_per_block(n, ci, h, w)
     parts = guarded((-(-n // imgs_), 2, c_out), np.float64)
     FC1.conv_bn_sums(
         *(cuda.to_device(a) for a in (x, wt, b)), parts.array, imgs=imgs, cpw=cpw, kernel=kernel
