@@ -166,3 +166,81 @@ def test_refuses_what_it_cannot_take(rng):
     x = cuda.to_device(random_array((2, 1, 4, 4), np.float32, rng))
     with pytest.raises(ValueError, match="partials"):
         G.patch_gram(x, cuda.device_array((1, G.ENTRIES)), cuda.device_array(G.ENTRIES))
+
+
+# -- broken kernels the checks above must catch -------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("float64(img[(h + kh) * wp + w + kw])", "float64(img[(h + kw) * wp + w + kh])"),
+        ("v[V - 1] = 1.0", "v[V - 1] = 0.0"),
+        ("if j >= i:", "if j > i:"),
+    ],
+    ids=["transposed-taps", "no-ones-column", "no-diagonal"],
+)
+def test_gram_check_catches_a_broken_kernel(rng, monkeypatch, edit):
+    monkeypatch.setattr(G, "patch_gram_kernel", mutant(G.patch_gram_kernel, edit))
+    with pytest.raises(CheckError, match="G"):
+        test_patch_gram_matches_float64(rng, 2, 6, 4)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("s1 += wi * _g(gram, i, V - 1)", "s1 += wi * _g(gram, i, i)"),
+        ("s2 += wi * wj * _g(gram, i, j)", "s2 += wi * wi * _g(gram, i, j)"),
+    ],
+    ids=["sum-of-z", "sum-of-squares"],
+)
+def test_sums_check_catches_a_broken_kernel(rng, monkeypatch, edit):
+    monkeypatch.setattr(G, "gram_bn_sums_kernel", mutant(G.gram_bn_sums_kernel, edit))
+    with pytest.raises(CheckError, match="sum of z"):
+        test_gram_bn_sums_match_float64(rng)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ("(gw - mean * xt)", "gw"),
+        ("float64(dbeta[c]) * xt", "float64(dbeta[c])"),
+        ("mean /= m", "mean /= 1.0"),
+    ],
+    ids=["uncentred", "dbeta-without-tap-sum", "mean"],
+)
+def test_grad_weight_check_catches_a_broken_combination(rng, monkeypatch, edit):
+    monkeypatch.setattr(G, "gram_grad_weight_kernel", mutant(G.gram_grad_weight_kernel, edit))
+    with pytest.raises(CheckError, match="dw|db"):
+        check_grad_weight(rng, 3, 8, 12, 5)
+
+
+def test_launchers_refuse_wrong_arrays(rng):
+    n, h, w, c_out = 2, 4, 6, 3
+    a = {k: cuda.to_device(v) for k, v in _inputs(rng, n, h, w, c_out).items()}
+    bn_shape, s_shape = G.winners_partials_shape(n, c_out, h, w)
+    bn_parts = cuda.device_array(bn_shape, np.float64)
+    s_parts = cuda.device_array(s_shape, np.float32)
+    stats = [a[k] for k in ("mean", "invstd", "scale", "shift")]
+    with pytest.raises(TypeError, match="argmax"):
+        G.winners_reduce(a["x"], a["dpooled"], a["zwin"], a["zwin"], *stats, bn_parts, s_parts)
+    with pytest.raises(ValueError, match="s_partials"):
+        G.winners_reduce(
+            a["x"], a["dpooled"], a["argmax"], a["zwin"], *stats, bn_parts,
+            cuda.device_array((1, c_out, G.V), np.float32),
+        )  # fmt: skip
+    gram = cuda.device_array(G.ENTRIES, np.float64)
+    with pytest.raises(TypeError, match="gram"):
+        G.gram_bn_sums(
+            cuda.device_array(G.ENTRIES, np.float32), a["w"], a["b"],
+            cuda.device_array((1, 2, c_out), np.float64),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="bn_partials"):
+        G.gram_bn_sums(gram, a["w"], a["b"], cuda.device_array((2, 2, c_out), np.float64))
+    with pytest.raises(ValueError, match="dw"):
+        G.gram_grad_weight(
+            gram, s_parts, cuda.device_array((c_out, 9), np.float32),
+            cuda.device_array(c_out, np.float32), a["w"], a["b"],
+            *(a[k] for k in ("invstd", "gamma", "dgamma", "dbeta")),
+            cuda.device_array((c_out, 9), np.float32), cuda.device_array(c_out, np.float32),
+        )  # fmt: skip
