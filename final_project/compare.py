@@ -70,7 +70,7 @@ from numba import cuda
 from final_project import conv1_gram, datasets
 from final_project import data as fdata
 from final_project import train as ftrain
-from final_project.fast_model import STAGES, FastCNN, Stage
+from final_project.fast_model import STAGES, FastCNN, Stage, default_conv1, uses_patch_gram
 from final_project.model import NumbaCNN, init_params, param_shapes
 from final_project.torch_configs import available_configs, make_torch_step
 from final_project.torch_twin import TorchCNN, torch_train_step
@@ -450,7 +450,7 @@ def stage_work(config, n: int) -> dict[str, tuple[int, int]]:
     # patch Gram path (conv1_gram: the forward's sums and the weight gradient
     # from G, the backward reduce over the winners with the images), 2 or 3
     # compute conv1 again in the sums and backward kernels (first_conv)
-    gram = conv1_gram.supported(c.in_channels, c.height, c.width) is None
+    gram = uses_patch_gram(c, default_conv1(c))
     gram_flops = 2 * n * hw1 * conv1_gram.ENTRIES
     work = {
         Stage.CONV1_FORWARD: (gram_flops if gram else conv1, 4 * x1),

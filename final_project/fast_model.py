@@ -113,6 +113,23 @@ def tf32_refusal(config: NetConfig) -> str | None:
     return tf32_conv.supported(config.c1, config.c2, config.height // 2, config.width // 2)
 
 
+def default_conv1(config: NetConfig) -> str:
+    """FastCNN's conv1 kind when none is given: "fused" where
+    :func:`final_project.first_conv.supported` takes the input, else "direct"."""
+    fused = first_conv.supported(config.in_channels, config.height, config.width) is None
+    return "fused" if fused else "direct"
+
+
+def uses_patch_gram(config: NetConfig, conv1: str) -> bool:
+    """Whether conv1 kind ``conv1`` takes conv1's statistics and weight gradient
+    from the patch Gram matrix (:mod:`final_project.conv1_gram`): "fused" with
+    one input channel."""
+    return (
+        conv1 == "fused"
+        and conv1_gram.supported(config.in_channels, config.height, config.width) is None
+    )
+
+
 def _no_mark(name: str) -> None:
     pass
 
@@ -201,8 +218,7 @@ class FastCNN(CNNBase, _Layer):
                 f"{config.hidden}; use NumbaCNN for larger heads"
             )
         fused_refusal = first_conv.supported(config.in_channels, config.height, config.width)
-        if conv1 is None:
-            conv1 = "direct" if fused_refusal else "fused"
+        conv1 = conv1 or default_conv1(config)
         if conv1 not in CONV1_KINDS:
             raise ValueError(f"conv1 must be one of {CONV1_KINDS}, got {conv1!r}")
         if conv1 == "fused" and fused_refusal:
@@ -214,10 +230,7 @@ class FastCNN(CNNBase, _Layer):
         self.conv1_kind = conv1
         # one input channel: conv1's statistics and weight gradient from the
         # images' patch Gram matrix (final_project.conv1_gram)
-        self.conv1_gram = (
-            conv1 == "fused"
-            and conv1_gram.supported(config.in_channels, config.height, config.width) is None
-        )
+        self.conv1_gram = uses_patch_gram(config, conv1)
         self.graph_backend = graph_backend or (
             default_graph_backend() if graph is not False else None
         )
